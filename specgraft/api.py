@@ -1,0 +1,218 @@
+"""Text-level API: tokenizer, chat template, stop strings and streaming over :class:`SpecEngine`.
+
+Five lines::
+
+    from specgraft import SpecDecoder
+    dec = SpecDecoder.from_pretrained("smollm2-135m-instruct", method="recycling")
+    out = dec.generate("Write a haiku about caches.", max_new_tokens=64, chat=True)
+    print(out.text, out.stats.mat)
+    for piece in dec.stream("Explain KV caches.", chat=True): print(piece, end="")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specgraft.config import GenerationConfig, SamplingConfig
+from specgraft.engine import SpecEngine
+from specgraft.methods import MethodOptions, get_method
+from specgraft.models.hf import HFTarget, parse_dtype
+from specgraft.types import GenerationStats
+
+
+@dataclass
+class GenerationOutput:
+    text: str
+    # new token ids (EOS included when it ended generation)
+    tokens: list[int]
+    stats: GenerationStats
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def eos_ids(tokenizer: PreTrainedTokenizerBase | None, model: PreTrainedModel) -> list[int]:
+    """EOS ids from the generation config (chat models often list several) and the tokenizer."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(model.config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(t) for t in source)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
+def _stop_holdback(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+class SpecDecoder:
+    """A model, its tokenizer and one method; shares the model with siblings from :meth:`with_method`."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None,
+        method: str = "recycling",
+        options: MethodOptions = MethodOptions(),
+        target: HFTarget | None = None,
+    ):
+        spec = get_method(method)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.method = method
+        self.options = options
+        self.target = target if target is not None else HFTarget(model)
+        drafters, composer = spec.build(self.target.vocab_size, options)
+        self.engine = SpecEngine(self.target, drafters, composer, method=method, eos_token_ids=eos_ids(tokenizer, model))
+        self.last_output: GenerationOutput | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        method: str = "recycling",
+        dtype: str | torch.dtype = "bfloat16",
+        device: str = "cpu",
+        options: MethodOptions = MethodOptions(),
+        cache_dir: str | None = None,
+        progress: bool = True,
+    ) -> "SpecDecoder":
+        """Load by catalog name (pulled on first use), local directory or Hugging Face id."""
+        from transformers import AutoModelForCausalLM
+
+        from specgraft.models.catalog import resolve_model
+
+        get_method(method)  # fail on a bad method before loading anything
+        path = resolve_model(name_or_path, cache_dir=cache_dir, progress=progress)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype)).to(device).eval()
+        return cls(model, tokenizer, method, options)
+
+    def with_method(self, method: str, options: MethodOptions | None = None) -> "SpecDecoder":
+        """Another method over the same loaded model and tokenizer (the cache is per decoder)."""
+        return SpecDecoder(self.model, self.tokenizer, method, options or self.options)
+
+    # -- prompts -------------------------------------------------------------------------
+
+    def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        """Token ids of ``prompt`` (a string, or ids passed through), with the chat template if asked."""
+        if not isinstance(prompt, str):
+            ids = [int(t) for t in prompt]
+        else:
+            if not prompt:
+                raise ValueError("the prompt is empty")
+            if self.tokenizer is None:
+                raise ValueError("this decoder has no tokenizer; pass token ids")
+            if chat:
+                if not getattr(self.tokenizer, "chat_template", None):
+                    raise ValueError("this tokenizer has no chat template; drop chat=True")
+                text = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+                )
+                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            else:
+                ids = self.tokenizer(prompt)["input_ids"]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return list(ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    @staticmethod
+    def make_config(
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        budget: int = 24,
+        stop: Sequence[str] = (),
+    ) -> GenerationConfig:
+        return GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            budget=budget,
+            stop_strings=tuple(stop),
+            sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        )
+
+    # -- generation ------------------------------------------------------------------------
+
+    def stream(self, prompt: str | Sequence[int], chat: bool = False, config: GenerationConfig | None = None, **kw) -> Iterator[str]:
+        """Yield text pieces as they are accepted; ``self.last_output`` holds the result afterwards.
+
+        Keyword arguments are those of :meth:`make_config` (``max_new_tokens``, ``temperature``...).
+        Text that might be the start of a stop string is held back until it is decided.
+        """
+        config = config or self.make_config(**kw)
+        ids = self.encode(prompt, chat)
+        stops = config.stop_strings
+        tokens: list[int] = []
+        shown = ""
+        steps = self.engine.stream_ids(ids, config)
+        stopped = False
+        engine_tokens = 0
+        try:
+            for chunk in steps:
+                engine_tokens += len(chunk)
+                for tok in chunk:
+                    tokens.append(tok)
+                    if stops:
+                        text = self.decode(tokens)
+                        hits = [text.find(s) for s in stops if s in text]
+                        if hits:
+                            shown_now = text[: min(hits)]
+                            if len(shown_now) > len(shown):
+                                yield shown_now[len(shown) :]
+                            shown = shown_now
+                            stopped = True
+                            break
+                if stopped:
+                    break
+                text = self.decode(tokens)
+                if text.endswith("\ufffd"):
+                    continue  # an incomplete multi-byte character: wait for the next step
+                end = len(text) - _stop_holdback(text, stops)
+                if end > len(shown):
+                    yield text[len(shown) : end]
+                    shown = text[:end]
+            if not stopped:
+                text = self.decode(tokens)
+                if len(text) > len(shown):
+                    yield text[len(shown) :]
+                    shown = text
+        finally:
+            steps.close()
+            stats = self.engine.last_stats
+            stats.trim_last_step(engine_tokens - len(tokens))
+            self.last_output = GenerationOutput(text=shown, tokens=tokens, stats=stats, config=self.resolved_config(config))
+
+    def generate(self, prompt: str | Sequence[int], chat: bool = False, config: GenerationConfig | None = None, **kw) -> GenerationOutput:
+        """Generate and return the text, the new token ids and the stats."""
+        for _ in self.stream(prompt, chat=chat, config=config, **kw):
+            pass
+        assert self.last_output is not None
+        return self.last_output
+
+    def resolved_config(self, config: GenerationConfig) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "generation": config.to_dict(),
+            "options": dataclasses.asdict(self.options),
+            "dtype": str(self.target.dtype).replace("torch.", ""),
+            "threads": torch.get_num_threads(),
+        }

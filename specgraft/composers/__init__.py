@@ -1,0 +1,5 @@
+"""Composers shape one tree from several drafts under one budget."""
+
+from specgraft.composers.base import Composer, MergeComposer
+
+__all__ = ["Composer", "MergeComposer"]

@@ -1,0 +1,64 @@
+"""Frozen, validated configuration objects and the method registry.
+
+Every run prints its resolved config (``dataclasses.asdict``), so nothing is picked implicitly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the target's next-token distribution is turned into a token.
+
+    ``temperature == 0`` means greedy decoding (argmax); top-k and top-p are then ignored.
+    """
+
+    temperature: float = 0.0
+    """0 = greedy; otherwise logits are divided by it before softmax."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0 = off)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1 = off)."""
+    seed: int | None = None
+    """Seed of the sampling generator; the same seed gives the same output."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Stopping rules and budget shared by every method."""
+
+    max_new_tokens: int = 128
+    """Stop after this many new tokens."""
+    budget: int = 24
+    """Nodes verified per step (the papers' K). On a 2-core CPU a forward of up to ~32 new
+    tokens costs about one decode step of a 1.5B model, so 16-32 is the useful range there."""
+    stop_strings: tuple[str, ...] = ()
+    """Stop when the decoded output contains one of these (the output is cut before it)."""
+    stop_on_eos: bool = True
+    """Stop at the tokenizer's end-of-sequence token(s)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
+        if not isinstance(self.budget, int) or self.budget < 1:
+            raise ValueError(f"budget must be an integer >= 1, got {self.budget!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,244 @@
+"""Typed objects passed between the stages of one speculative step.
+
+Glossary of tensor dimensions used in shape comments throughout the package:
+
+- ``N``: number of tree nodes (the root is *not* a node; it is row 0 of a verify pass)
+- ``V``: vocabulary size
+- ``S``: committed sequence length (tokens whose KV is cached)
+- ``D``: maximum tree depth (a child of the root has depth 1)
+- ``P``: number of root-to-leaf paths
+- ``H``: hidden size
+
+Example of one step with the root token ``7``, a draft chain ``[5, 9]`` and a branch ``[6]``::
+
+    tree = DraftTree(tokens=[5, 9, 6], parents=[-1, 0, -1], sources=["pld"] * 3)
+    # verify pass rows: 0 = root (7), 1 = node 0 (5), 2 = node 1 (9), 3 = node 2 (6)
+    # if the target's argmax after 7 is 5 and after 5 is 9 and after 9 is 4:
+    #   accepted nodes [0, 1], bonus token 4, tokens this step = 3
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class Draft:
+    """Candidates from one drafter, already shaped as a tree rooted at the root token.
+
+    A chain ``[a, b, c]`` is ``tokens=[a, b, c], parents=[-1, 0, 1]``.
+    ``scores`` (optional) rank nodes when several drafts compete for the budget: higher is
+    kept first. ``draft_probs`` (optional) is the distribution each node was *sampled* from
+    (the draft model's distribution at its parent); only drafters that really sample their
+    candidates set it, and it enables multi-candidate rejection sampling.
+    """
+
+    source: str
+    # [N]
+    tokens: list[int]
+    # [N], -1 = child of the root; parents[i] < i
+    parents: list[int]
+    # [N] or None
+    scores: list[float] | None = None
+    # [N, V] or None
+    draft_probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.parents):
+            raise ValueError(f"tokens ({len(self.tokens)}) and parents ({len(self.parents)}) differ in length")
+        for i, p in enumerate(self.parents):
+            assert -1 <= p < i, f"node {i} has parent {p}; parents must come before children"
+        if self.scores is not None:
+            assert len(self.scores) == len(self.tokens), "one score per node"
+        if self.draft_probs is not None:
+            assert self.draft_probs.shape[0] == len(self.tokens), "one draft_probs row per node"
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @staticmethod
+    def chain(source: str, tokens: Sequence[int]) -> "Draft":
+        return Draft(source=source, tokens=list(tokens), parents=list(range(-1, len(tokens) - 1)))
+
+
+@dataclass
+class DraftTree:
+    """The merged tree that the target verifies in one forward pass.
+
+    Nodes are in topological order (a parent before its children); siblings carry distinct
+    tokens (merging deduplicates shared prefixes). ``sources[i]`` names the drafter that
+    proposed node ``i`` (the first one, when several proposed the same prefix).
+    """
+
+    # [N]
+    tokens: list[int]
+    # [N]
+    parents: list[int]
+    # [N]
+    sources: list[str]
+    # [N] or None: draft probability rows, see Draft.draft_probs
+    draft_probs: torch.Tensor | None = None
+    # [N] or None
+    scores: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if len(self.parents) != n or len(self.sources) != n:
+            raise ValueError("tokens, parents and sources must have one entry per node")
+        for i, p in enumerate(self.parents):
+            assert -1 <= p < i, f"node {i} has parent {p}; parents must come before children"
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @staticmethod
+    def empty() -> "DraftTree":
+        return DraftTree(tokens=[], parents=[], sources=[])
+
+    def children(self) -> list[list[int]]:
+        """``children()[p + 1]`` lists the children of node ``p`` (index 0 is the root)."""
+        out: list[list[int]] = [[] for _ in range(len(self) + 1)]
+        for i, p in enumerate(self.parents):
+            out[p + 1].append(i)
+        return out
+
+
+@dataclass
+class VerifyResult:
+    """What a verifier decided: the kept path and the bonus token.
+
+    ``accepted`` lists node indices from the root downwards, e.g. ``[0, 3]`` when node 0 and
+    its child node 3 were accepted. ``bonus_token`` is the target's own token after the last
+    accepted node (or after the root when nothing was accepted).
+    """
+
+    accepted: list[int]
+    bonus_token: int
+
+
+@dataclass
+class StepResult:
+    """Everything drafters may learn from after a verify pass (``Drafter.observe``)."""
+
+    root_token: int
+    tree: DraftTree
+    verify: VerifyResult
+    # [N + 1, V]: target logits of the root (row 0) and of every node (row i + 1)
+    logits: torch.Tensor
+    # committed tokens after this step, prompt included (the engine's live list: read only)
+    context: list[int]
+    # [N + 1, H] or None: target hidden states, for drafters with needs_hidden
+    hidden: torch.Tensor | None = None
+
+    @property
+    def new_tokens(self) -> list[int]:
+        return [self.tree.tokens[i] for i in self.verify.accepted] + [self.verify.bonus_token]
+
+
+@dataclass
+class GenerationStats:
+    """Counters for one generation. MAT (mean accepted tokens per step) counts the bonus token."""
+
+    method: str = ""
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    # tokens per step (accepted + bonus) -> how many steps
+    tokens_per_step: Counter = field(default_factory=Counter)
+    # source -> nodes proposed / nodes accepted
+    proposed_by_source: Counter = field(default_factory=Counter)
+    accepted_by_source: Counter = field(default_factory=Counter)
+    tree_nodes: int = 0
+    last_step_tokens: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    forward_s: float = 0.0
+    verify_s: float = 0.0
+    commit_s: float = 0.0
+    observe_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def mat(self) -> float:
+        """Mean tokens per step, bonus token included."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        """Step time spent outside the target forward: draft + verify rule + commit + observe."""
+        return self.draft_s + self.verify_s + self.commit_s + self.observe_s
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of the decoding steps' time that is not the target forward."""
+        steps_s = self.overhead_s + self.forward_s
+        return self.overhead_s / steps_s if steps_s > 0 else 0.0
+
+    def acceptance_by_source(self) -> dict[str, float]:
+        return {
+            s: self.accepted_by_source[s] / n for s, n in sorted(self.proposed_by_source.items()) if n
+        }
+
+    def record_step(self, step: StepResult, emitted: int) -> None:
+        """Count one step; ``emitted`` may be below accepted + 1 when a stop condition cut it."""
+        self.steps += 1
+        self.new_tokens += emitted
+        self.tokens_per_step[emitted] += 1
+        self.last_step_tokens = emitted
+        self.tree_nodes += len(step.tree)
+        self.proposed_by_source.update(step.tree.sources)
+        self.accepted_by_source.update(step.tree.sources[i] for i in step.verify.accepted)
+
+    def trim_last_step(self, dropped: int) -> None:
+        """Forget ``dropped`` tokens of the last step (a stop string ended the text inside it)."""
+        if dropped <= 0:
+            return
+        last = self.last_step_tokens
+        assert 0 < dropped <= last, f"cannot drop {dropped} of the last step's {last} tokens"
+        self.tokens_per_step[last] -= 1
+        if not self.tokens_per_step[last]:
+            del self.tokens_per_step[last]
+        self.tokens_per_step[last - dropped] += 1
+        self.new_tokens -= dropped
+        self.last_step_tokens = last - dropped
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "steps": self.steps,
+            "mat": round(self.mat, 4),
+            "tokens_per_s": round(self.tokens_per_s, 4),
+            "tokens_per_step": {str(k): v for k, v in sorted(self.tokens_per_step.items())},
+            "proposed_by_source": dict(self.proposed_by_source),
+            "accepted_by_source": dict(self.accepted_by_source),
+            "acceptance_by_source": {k: round(v, 4) for k, v in self.acceptance_by_source().items()},
+            "overhead_fraction": round(self.overhead_fraction, 4),
+            "mean_tree_nodes": round(self.tree_nodes / self.steps, 3) if self.steps else 0.0,
+            "time_s": {
+                "prefill": round(self.prefill_s, 6),
+                "draft": round(self.draft_s, 6),
+                "forward": round(self.forward_s, 6),
+                "verify": round(self.verify_s, 6),
+                "commit": round(self.commit_s, 6),
+                "observe": round(self.observe_s, 6),
+                "total": round(self.total_s, 6),
+            },
+        }
+
+
+def group_by_parent(parents: Sequence[int]) -> dict[int, list[int]]:
+    """``{parent: [children...]}`` with ``-1`` for the root, e.g. ``[-1, 0, -1] -> {-1: [0, 2], 0: [1]}``."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(parents):
+        out[p].append(i)
+    return dict(out)

@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+import torch
+
+from specgraft.drafters.pld import PLDConfig, PLDDrafter, find_matches
+from specgraft.drafters.recycling import RecyclingConfig, RecyclingDrafter, SuccessorMatrix
+from specgraft.tree.build import merge_drafts
+from specgraft.tree.templates import rank_template
+from specgraft.types import DraftTree, StepResult, VerifyResult
+
+
+def test_find_matches_most_recent_first():
+    ctx = np.array([1, 2, 3, 9, 1, 2, 4, 7, 1, 2])
+    assert find_matches(ctx, 2).tolist() == [4, 0]
+    assert find_matches(ctx, 3).tolist() == []
+    assert find_matches(np.array([5]), 1).tolist() == []
+
+
+def test_pld_branches_when_matches_continue_differently():
+    d = PLDDrafter(PLDConfig(max_ngram=2, min_ngram=1, max_copy=3))
+    ctx = [1, 2, 3, 9, 1, 2, 4, 7, 1, 2]
+    d.begin(ctx, None)
+    draft = d.propose(ctx, budget=16)
+    tree = merge_drafts([draft], 16)
+    firsts = [tree.tokens[i] for i, p in enumerate(tree.parents) if p == -1]
+    assert 4 in firsts and 3 in firsts
+    # the more recent match (4, 7, 1) is admitted first
+    assert tree.tokens[:3] == [4, 7, 1] and tree.parents[:3] == [-1, 0, 1]
+    assert len(merge_drafts([draft], 2)) == 2
+
+
+def test_pld_no_match_is_empty_and_context_sync():
+    d = PLDDrafter()
+    d.begin([1, 2, 3], None)
+    assert len(d.propose([1, 2, 3], 8)) == 0
+    # growing context is appended incrementally, a new context is taken whole
+    assert len(d.propose([1, 2, 3, 1], 8)) > 0
+    assert len(d.propose([7, 8], 8)) == 0
+
+
+def test_recycling_fill_and_observe():
+    m = SuccessorMatrix(vocab_size=10, k=2)
+    m.update_rows([7, 5], np.array([[5, 3], [9, 1]]))
+    tokens, parents = m.fill_template(7, rank_template([2, 1], k=2))
+    assert tokens == [5, 3, 9] and parents == [-1, -1, 0]
+    # an unknown row drops the node and its subtree
+    tokens, parents = m.fill_template(4, rank_template([2, 1], k=2))
+    assert tokens == [] and parents == []
+
+    drafter = RecyclingDrafter(10, RecyclingConfig(k=2), m)
+    tree = DraftTree(tokens=[5, 3], parents=[-1, -1], sources=["recycling"] * 2)
+    logits = torch.zeros(3, 10)
+    logits[0, 8], logits[0, 6] = 5, 4  # root 7 -> [8, 6]
+    logits[1, 2], logits[1, 1] = 5, 4  # node 5 -> [2, 1]
+    logits[2, 4], logits[2, 0] = 5, 4  # node 3 (rejected) -> [4, 0]
+    drafter.observe(StepResult(root_token=7, tree=tree, verify=VerifyResult([], 8), logits=logits, context=[7, 8]))
+    assert m.table[7].tolist() == [8, 6] and m.table[5].tolist() == [2, 1] and m.table[3].tolist() == [4, 0]
+
+
+def test_recycling_prefill_rows_and_save_load(tmp_path):
+    drafter = RecyclingDrafter(10, RecyclingConfig(k=2))
+    drafter.begin([1, 2, 3], torch.tensor([[4, 5], [6, 7]]))
+    assert drafter.matrix.table[1].tolist() == [4, 5] and drafter.matrix.table[2].tolist() == [6, 7]
+    assert drafter.matrix.table[3].tolist() == [-1, -1]
+    path = tmp_path / "state.npz"
+    drafter.matrix.save(path)
+    loaded = SuccessorMatrix.load(path, vocab_size=10)
+    assert np.array_equal(loaded.table, drafter.matrix.table) and loaded.k == 2
+    with pytest.raises(ValueError, match="vocabulary"):
+        SuccessorMatrix.load(path, vocab_size=11)
+    with pytest.raises(ValueError, match="does not exist"):
+        SuccessorMatrix.load(tmp_path / "missing.npz")
