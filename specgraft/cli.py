@@ -188,7 +188,11 @@ def models_list(cache_dir: Optional[str] = typer.Option(None, help="Model cache 
 
     from specgraft.models.catalog import list_models, model_dir
 
-    table = Table("name", "architecture", "params", "size (GGUF)", "pulled", "path")
+    table = Table()
+    table.add_column("name", no_wrap=True)
+    for col in ("architecture", "params", "size (GGUF)", "pulled"):
+        table.add_column(col)
+    table.add_column("path", overflow="fold")
     for entry, pulled in list_models(cache_dir):
         table.add_row(
             entry.name, entry.architecture, str(getattr(entry, "params", "")), f"{entry.bytes / 1e6:.0f} MB",

@@ -37,3 +37,26 @@ TINY_MODELS = {"llama": tiny_llama, "qwen2": tiny_qwen2}
 @pytest.fixture(params=sorted(TINY_MODELS))
 def tiny_model(request):
     return TINY_MODELS[request.param]()
+
+
+def tiny_tokenizer(vocab: int = TINY_VOCAB):
+    """A word-level tokenizer over ``w3 .. w{vocab-1}`` plus specials, with a trivial chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    words.update({f"w{i}": i for i in range(3, vocab)})
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w3 {% endif %}"
+    return fast
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A saved tiny Llama with its tokenizer: loadable by path like any Hugging Face model."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama().save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return str(path)
