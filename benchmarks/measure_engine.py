@@ -51,7 +51,7 @@ def hf_generate(dec: SpecDecoder, ids: list[int], max_new: int, **kw) -> tuple[l
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--budget", type=int, default=24)
     ap.add_argument("--threads", type=int, default=2)

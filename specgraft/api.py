@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.engine import SpecEngine
 from specgraft.methods import MethodOptions, get_method
-from specgraft.models.hf import HFTarget, parse_dtype
+from specgraft.models.hf import HFTarget, load_causal_lm, parse_dtype
 from specgraft.types import GenerationStats
 
 
@@ -85,21 +85,25 @@ class SpecDecoder:
         cls,
         name_or_path: str,
         method: str = "recycling",
-        dtype: str | torch.dtype = "bfloat16",
+        dtype: str | torch.dtype = "auto",
         device: str = "cpu",
         options: MethodOptions = MethodOptions(),
         cache_dir: str | None = None,
         progress: bool = True,
+        fast_kernels: bool = True,
     ) -> "SpecDecoder":
-        """Load by catalog name (pulled on first use), local directory or Hugging Face id."""
-        from transformers import AutoModelForCausalLM
+        """Load by catalog name (pulled on first use), local directory or Hugging Face id.
 
+        ``dtype="auto"`` picks float32 on CPUs without native bf16 (see ``models/kernels.py``);
+        ``fast_kernels`` swaps the linears for oneDNN ones on CPU (same numbers, faster).
+        """
         from specgraft.models.catalog import resolve_model
 
         get_method(method)  # fail on a bad method before loading anything
+        parse_dtype(dtype, device)
         path = resolve_model(name_or_path, cache_dir=cache_dir, progress=progress)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(dtype)).to(device).eval()
+        model = load_causal_lm(path, dtype, device, fast_kernels)
         return cls(model, tokenizer, method, options)
 
     def with_method(self, method: str, options: MethodOptions | None = None) -> "SpecDecoder":

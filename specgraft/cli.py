@@ -18,6 +18,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless spe
 models_app = typer.Typer(no_args_is_help=True, help="List and pull the offline model catalog.")
 app.add_typer(models_app, name="models")
 
+from specgraft.bench.cli import bench  # noqa: E402  (imports no torch: CLI start-up stays fast)
+
+app.command()(bench)
+
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
 
@@ -157,7 +161,7 @@ def generate(
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
     top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
     seed: Optional[int] = typer.Option(None, help="Sampling seed."),
-    dtype: str = typer.Option("bfloat16", help="bfloat16 or float32."),
+    dtype: str = typer.Option("auto", help="auto (float32 on CPUs without native bf16), bfloat16 or float32."),
     budget: int = typer.Option(24, help="Tree nodes verified per step."),
     chat: bool = typer.Option(False, "--chat", help="Apply the tokenizer's chat template."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding; report speedup and agreement."),
@@ -174,7 +178,7 @@ def generate(
 def demo(
     method: str = typer.Option("recycling", help="ar, pld or recycling."),
     max_new_tokens: int = typer.Option(96),
-    dtype: str = typer.Option("float32", help="float32 is faster than bfloat16 for this 135M model on CPU."),
+    dtype: str = typer.Option("auto", help="auto, bfloat16 or float32."),
 ) -> None:
     """SmolLM2-135M Instruct on a copy-heavy prompt, compared with plain decoding."""
     err.print(f"specgraft demo: {DEMO_MODEL}, method {method}, {dtype}, greedy, {max_new_tokens} new tokens, chat template")
@@ -221,7 +225,7 @@ def warmup(
     corpus: str = typer.Option(..., help="JSONL with `turns` and optionally `response`, or a plain text file."),
     out_path: str = typer.Option(..., "--out", help="Where to write the successor matrix (.npz)."),
     limit: int = typer.Option(200, help="Corpus records to read."),
-    dtype: str = typer.Option("bfloat16"),
+    dtype: str = typer.Option("auto"),
     chat: bool = typer.Option(True, help="Wrap records in the chat template (prompt + response)."),
     k: int = typer.Option(8, help="Successors per token."),
 ) -> None:

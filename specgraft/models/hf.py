@@ -21,18 +21,30 @@ from transformers.cache_utils import DynamicCache
 
 from specgraft.cache.commit import commit_cache
 from specgraft.models.base import TreeOutput
+from specgraft.models.kernels import auto_dtype, use_onednn_linears
 from specgraft.tree.layout import tree_layout
 from specgraft.types import DraftTree
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+def parse_dtype(name: str | torch.dtype, device: str = "cpu") -> torch.dtype:
+    """``"bfloat16"``, ``"float32"``, ``"float16"`` or ``"auto"`` (see :func:`kernels.auto_dtype`)."""
     if isinstance(name, torch.dtype):
         return name
+    if name == "auto":
+        name = auto_dtype(device)
     if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}")
+        raise ValueError(f"unknown dtype {name!r}; choose one of auto, {', '.join(sorted(DTYPES))}")
     return DTYPES[name]
+
+
+def load_causal_lm(name_or_path: str, dtype: str | torch.dtype = "auto", device: str = "cpu", fast_kernels: bool = True) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained`` + optional oneDNN linears on CPU (``models/kernels.py``)."""
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=parse_dtype(dtype, device)).to(device).eval()
+    if fast_kernels and device == "cpu":
+        use_onednn_linears(model)
+    return model
 
 
 class HFTarget:
@@ -64,9 +76,8 @@ class HFTarget:
         self._pending = 0  # rows appended by the last forward_tree and not yet committed
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu", **kw) -> "HFTarget":
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=parse_dtype(dtype), **kw).to(device)
-        return cls(model)
+    def from_pretrained(cls, name_or_path: str, dtype: str | torch.dtype = "auto", device: str = "cpu", fast_kernels: bool = True) -> "HFTarget":
+        return cls(load_causal_lm(name_or_path, dtype, device, fast_kernels))
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
