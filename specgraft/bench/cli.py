@@ -1,0 +1,52 @@
+"""`specgraft bench`: the benchmark as a typer command.
+
+Register it on the main app with ``app.command()(bench)``; ``python -m specgraft.bench`` runs it
+standalone.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def bench(
+    model: str = typer.Option(..., "--model", "-m", help="Target: catalog name, local directory or Hugging Face id."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model (same tokenizer) for hf-assisted."),
+    methods: str = typer.Option(
+        "ar,pld,recycling", "--methods",
+        help="Comma list of registry methods (ar, pld, recycling, ...) and peers hf, hf-pld, hf-assisted. "
+        "'all' = every registry method and peer. ar always runs (the baseline); hf runs whenever a peer does.",
+    ),
+    suite: str = typer.Option(
+        "spec-bench", "--suite",
+        help="spec-bench, humaneval, mt-bench, eagle or a JSONL path (id, task, turns); a comma list, "
+        "each optionally NAME:N for its own prompts per task, e.g. spec-bench:3,humaneval:6.",
+    ),
+    per_task: Optional[int] = typer.Option(None, "--per-task", help="First N prompts of each task, in file order."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="New tokens per generation."),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16, float16 or float32."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed and torch's global seed."),
+    budget: int = typer.Option(24, "--budget", help="Tree nodes verified per step."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; recorded)."),
+    out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md, plots/."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a run in --out, skipping finished rows."),
+    alpaca_path: Optional[str] = typer.Option(
+        None, "--alpaca-path",
+        help="EAGLE's alpaca set (CC BY-NC 4.0, not packaged) for --suite eagle; "
+        "default ../shared/data/bench/alpaca_eagle80.jsonl when it exists, else skipped.",
+    ),
+    recycling_state: Optional[str] = typer.Option(None, "--recycling-state", help="Successor matrix .npz for recycling."),
+) -> None:
+    """Benchmark methods against plain decoding and Hugging Face generate on real prompt sets."""
+    from specgraft.bench.runner import BenchConfig, run_benchmark
+
+    config = BenchConfig(
+        model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, per_task=per_task,
+        max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
+        threads=threads, resume=resume, alpaca_path=alpaca_path, recycling_state=recycling_state,
+    )
+    report = run_benchmark(config)
+    typer.echo(report.read_text())

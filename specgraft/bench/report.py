@@ -1,0 +1,313 @@
+"""From ``results.jsonl`` to ``report.md``: tables per task and overall, and the plots.
+
+Definitions used in every table (the report states them too):
+
+- **speedup** of a method on a task = total ``ar`` time / total method time, summed over the
+  task's generations (prompt, turn) that both ran; the overall speedup is the same ratio over all
+  generations. ``vs HF`` is the same ratio with HF plain ``generate`` (``hf``) as the baseline.
+- **decode speedup** = the same ratio with each generation's prefill taken out (our methods only).
+- **MAT** = total new tokens / total steps, bonus token included; peers have no observable steps.
+- **tokens/s** = total new tokens / total generation time.
+- **agreement** with ``ar`` on the same input ids: exact outputs out of all generations, the mean
+  fraction of equal positions, and the earliest first divergence.
+- **retrieval ceiling** = READER's self-repetition metric over the ``ar`` outputs of the task
+  (:mod:`specgraft.bench.repetition`).
+
+Example::
+
+    summary = summarize(read_rows(Path("bench-out/results.jsonl")))
+    summary.cell("pld", "overall").speedup
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from specgraft.bench.records import RESULTS_FILE, ResultRow, read_rows
+from specgraft.bench.repetition import SelfRepetition
+
+OVERALL = "overall"
+PHASES = ("prefill", "draft", "forward", "verify", "commit", "observe")
+
+DEFINITIONS = """\
+- **speedup** (per task) = total `ar` time / total method time over the task's generations (each prompt and turn); **overall** = the same ratio over all generations. `vs HF` uses HF plain `generate` (`hf`) as the baseline instead of our `ar`.
+- **decode speedup** = the same ratio with each generation's prefill time taken out (`ar` time - `ar` prefill) / (method time - method prefill); only for our methods, whose engine times its prefill. Long prompts (summarization, RAG) spend much of their time in prefill on a CPU.
+- **MAT** = new tokens / steps, **bonus token included**; HF peers expose no steps, so their MAT is `-`.
+- **tokens/s** = new tokens / generation time (prefill included), `time.perf_counter()` around generation only, after a warm-up, every method in the same process with the same dtype and threads.
+- **agreement** with `ar` on the same input ids: exact outputs / generations, mean fraction of equal positions, earliest first divergence (token index). Greedy verification is lossless; in bf16 the tree pass and the one-token pass round differently, so outputs may drift after a near-tie.
+- **retrieval ceiling** = READER's self-repetition metric (sec. 4.1) over the `ar` outputs: response tokens / pointer advances when each advance takes the longest continuation found in the input or the already-processed output; the MAT an infinite retrieval tree over prompt + history would reach (without counting a bonus token).
+- Each method has its own engine over the one loaded model and runs one short warm-up generation on a prompt outside the suites; drafters that learn across generations (Token Recycling's successor matrix) keep that state through the run, in prompt order.
+- Absolute times on a shared machine are noisy; ratios measured in one run are the meaningful figures."""
+
+
+@dataclass
+class Cell:
+    """One method on one task (or ``overall``), pooled over its generations."""
+
+    method: str
+    task: str
+    peer: bool
+    generations: int = 0
+    new_tokens: int = 0
+    steps: int | None = 0
+    time_s: float = 0.0
+    # ar's (and hf's) time over the same generations, for the speedup ratios
+    ar_time_s: float = 0.0
+    hf_time_s: float | None = 0.0
+    # prefill time of this method and of ar (None for peers), for the decode-only speedup
+    prefill_s: float | None = 0.0
+    ar_prefill_s: float = 0.0
+    exact: int = 0
+    fraction_equal_sum: float = 0.0
+    first_divergence: int | None = None
+    tokens_per_step: Counter = field(default_factory=Counter)
+    proposed_by_source: Counter = field(default_factory=Counter)
+    accepted_by_source: Counter = field(default_factory=Counter)
+    phase_s: Counter = field(default_factory=Counter)
+
+    @property
+    def mat(self) -> float | None:
+        return self.new_tokens / self.steps if self.steps else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.time_s if self.time_s > 0 else 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        return self.ar_time_s / self.time_s if self.time_s > 0 and self.ar_time_s > 0 else None
+
+    @property
+    def speedup_hf(self) -> float | None:
+        return self.hf_time_s / self.time_s if self.time_s > 0 and self.hf_time_s else None
+
+    @property
+    def decode_speedup(self) -> float | None:
+        """Speedup with both prefills taken out: (ar time - ar prefill) / (time - prefill)."""
+        if self.prefill_s is None:
+            return None
+        mine, base = self.time_s - self.prefill_s, self.ar_time_s - self.ar_prefill_s
+        return base / mine if mine > 0 and base > 0 else None
+
+    @property
+    def mean_fraction_equal(self) -> float:
+        return self.fraction_equal_sum / self.generations if self.generations else 0.0
+
+    def add(self, row: ResultRow, ar: ResultRow | None, hf: ResultRow | None) -> None:
+        assert ar is not None, f"no ar row for prompt {row.prompt_id!r} turn {row.turn}"
+        self.generations += 1
+        self.new_tokens += row.new_tokens
+        self.time_s += row.time_s
+        self.ar_time_s += ar.time_s
+        self.ar_prefill_s += (ar.time_breakdown_s or {}).get("prefill", 0.0)
+        if row.time_breakdown_s is None or self.prefill_s is None:
+            self.prefill_s = None
+        else:
+            self.prefill_s += row.time_breakdown_s["prefill"]
+        if hf is None or self.hf_time_s is None:
+            self.hf_time_s = None
+        else:
+            self.hf_time_s += hf.time_s
+        if row.steps is None or self.steps is None:
+            self.steps = None
+        else:
+            self.steps += row.steps
+        self.exact += bool(row.agreement["exact"])
+        self.fraction_equal_sum += row.agreement["fraction_equal"]
+        first = row.agreement["first_divergence"]
+        if first is not None:
+            self.first_divergence = first if self.first_divergence is None else min(self.first_divergence, first)
+        for k, v in (row.tokens_per_step or {}).items():
+            self.tokens_per_step[int(k)] += v
+        self.proposed_by_source.update(row.proposed_by_source or {})
+        self.accepted_by_source.update(row.accepted_by_source or {})
+        for k, v in (row.time_breakdown_s or {}).items():
+            self.phase_s[k] += v
+
+
+@dataclass
+class Summary:
+    methods: list[str]
+    tasks: list[str]
+    # (method, task) -> Cell; task OVERALL pools every task
+    cells: dict[tuple[str, str], Cell]
+    # task -> pooled self-repetition of the ar outputs (OVERALL included)
+    ceiling: dict[str, SelfRepetition]
+    # task -> number of distinct prompts
+    prompts: dict[str, int]
+    sessions: list[str]
+
+    def cell(self, method: str, task: str) -> Cell | None:
+        return self.cells.get((method, task))
+
+
+def summarize(rows: Sequence[ResultRow]) -> Summary:
+    """Pool rows per (method, task) and overall; speedups pair each row with ``ar`` (and ``hf``)
+    on the same (prompt, turn)."""
+    by_key = {r.key: r for r in rows}
+    methods = list(dict.fromkeys(r.method for r in rows))
+    if "ar" in methods:
+        methods = ["ar", *[m for m in methods if m != "ar"]]
+    tasks = list(dict.fromkeys(r.task for r in rows))
+    cells: dict[tuple[str, str], Cell] = {}
+    for r in rows:
+        ar = by_key.get((r.prompt_id, r.turn, "ar"))
+        hf = by_key.get((r.prompt_id, r.turn, "hf"))
+        for task in (r.task, OVERALL):
+            cell = cells.setdefault((r.method, task), Cell(r.method, task, r.peer))
+            cell.add(r, ar, hf)
+    ceiling = {}
+    for task in [*tasks, OVERALL]:
+        parts = [
+            SelfRepetition(**r.self_repetition)
+            for r in rows
+            if r.method == "ar" and r.self_repetition and (task == OVERALL or r.task == task)
+        ]
+        if parts:
+            ceiling[task] = SelfRepetition.pool(parts)
+    prompts = {t: len({r.prompt_id for r in rows if r.task == t}) for t in tasks}
+    prompts[OVERALL] = len({r.prompt_id for r in rows})
+    sessions = list(dict.fromkeys(r.session for r in rows))
+    return Summary(methods, tasks, cells, ceiling, prompts, sessions)
+
+
+# -- markdown ------------------------------------------------------------------------------
+
+
+def _f(x: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "-" if x is None else f"{x:.{digits}f}{suffix}"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def task_table(summary: Summary, task: str) -> list[str]:
+    """Markdown rows: one per method on ``task``."""
+    header = [
+        "method", "MAT (bonus incl.)", "tokens/s", "speedup vs ar", "speedup vs HF", "decode speedup vs ar",
+        "exact", "equal positions", "first divergence",
+    ]
+    out = []
+    for m in summary.methods:
+        c = summary.cell(m, task)
+        if c is None:
+            continue
+        out.append([
+            f"{m} (HF)" if c.peer else m,
+            _f(c.mat),
+            _f(c.tokens_per_s),
+            _f(c.speedup, suffix="x"),
+            _f(c.speedup_hf, suffix="x"),
+            _f(c.decode_speedup, suffix="x"),
+            f"{c.exact}/{c.generations}",
+            _f(100 * c.mean_fraction_equal, 1, "%"),
+            "-" if c.first_divergence is None else str(c.first_divergence),
+        ])
+    return _table(header, out)
+
+
+def ceiling_table(summary: Summary) -> list[str]:
+    """Measured MAT of each registry method beside the retrieval ceiling, per task."""
+    ours = [m for m in summary.methods if not summary.cells[(m, OVERALL)].peer and m != "ar"]
+    header = ["task", "prompts", "retrieval ceiling (self-repetition)", *[f"MAT {m}" for m in ours]]
+    rows = []
+    for task in [*summary.tasks, OVERALL]:
+        sr = summary.ceiling.get(task)
+        rows.append([
+            task, str(summary.prompts[task]), _f(sr.value if sr else None),
+            *[_f(c.mat) if (c := summary.cell(m, task)) else "-" for m in ours],
+        ])
+    return _table(header, rows)
+
+
+def source_table(summary: Summary) -> list[str]:
+    rows = []
+    for m in summary.methods:
+        c = summary.cells[(m, OVERALL)]
+        for s, n in sorted(c.proposed_by_source.items()):
+            a = c.accepted_by_source.get(s, 0)
+            rows.append([m, s, str(n), str(a), _f(100 * a / n if n else None, 1, "%"),
+                         _f(n / c.steps if c.steps else None, 1)])
+    return _table(["method", "source", "proposed nodes", "accepted nodes", "acceptance", "nodes per step"], rows)
+
+
+def time_table(summary: Summary) -> list[str]:
+    rows = []
+    for m in summary.methods:
+        c = summary.cells[(m, OVERALL)]
+        per_tok = 1000 * c.time_s / c.new_tokens if c.new_tokens else None
+        if c.phase_s:
+            total = sum(c.phase_s[p] for p in PHASES)
+            shares = [_f(100 * c.phase_s[p] / total if total else None, 1, "%") for p in PHASES]
+        else:
+            shares = ["-"] * len(PHASES)
+        rows.append([f"{m} (HF)" if c.peer else m, _f(per_tok), *shares])
+    return _table(["method", "ms per new token", *PHASES], rows)
+
+
+def render_markdown(summary: Summary, run_info: dict | None = None, plots: Sequence[str] = ()) -> str:
+    run_info = run_info or {}
+    lines = ["# specgraft benchmark", ""]
+    if run_info.get("command"):
+        lines += ["```", run_info["command"], "```", ""]
+    env = run_info.get("environment") or {}
+    cfg = run_info.get("config") or {}
+    if env or cfg:
+        pk = env.get("packages", {})
+        lines += [
+            f"- model `{cfg.get('model')}`"
+            + (f", draft model `{cfg['draft_model']}`" if cfg.get("draft_model") else "")
+            + f", dtype {cfg.get('dtype')}, temperature {cfg.get('temperature')}"
+            + f", max new tokens {cfg.get('max_new_tokens')}, budget {cfg.get('budget')} nodes per step",
+            f"- machine: {env.get('cpu_model')}, {env.get('cpu_count')} CPUs, torch threads {env.get('torch_threads')}; {env.get('platform')}",
+            "- versions: " + ", ".join(f"{k} {v}" for k, v in pk.items() if v),
+            f"- suites: {', '.join(run_info.get('suite', {}).get('sources', []))}",
+            "",
+        ]
+    lines += ["## Definitions", "", DEFINITIONS, ""]
+    sr = summary.ceiling.get(OVERALL)
+    lines += [f"## Overall ({summary.prompts[OVERALL]} prompts; retrieval ceiling {_f(sr.value if sr else None)})", ""]
+    lines += task_table(summary, OVERALL) + [""]
+    lines += ["## MAT beside the retrieval ceiling", ""] + ceiling_table(summary) + [""]
+    for task in summary.tasks:
+        sr = summary.ceiling.get(task)
+        gens = summary.cells.get(("ar", task))
+        n_gen = gens.generations if gens else 0
+        lines += [f"## {task} ({summary.prompts[task]} prompts, {n_gen} generations; retrieval ceiling {_f(sr.value if sr else None)})", ""]
+        lines += task_table(summary, task) + [""]
+    lines += ["## Acceptance by source (all tasks)", ""] + source_table(summary) + [""]
+    lines += ["## Time breakdown (all tasks; shares of the engine's time)", ""] + time_table(summary) + [""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    notes = list(run_info.get("notes", []))
+    if len(summary.sessions) > 1:
+        notes.append(f"rows come from {len(summary.sessions)} sessions (a resumed run): {', '.join(summary.sessions)}")
+    if cfg.get("temperature"):
+        notes.append("sampling (temperature > 0): outputs are not expected to agree with `ar` token for token")
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def write_report(out_dir: str | Path) -> Path:
+    """Render ``report.md`` and ``plots/*.png`` from ``out_dir/results.jsonl``; returns the report path."""
+    from specgraft.bench.plots import write_plots
+
+    out_dir = Path(out_dir)
+    rows = read_rows(out_dir / RESULTS_FILE)
+    if not rows:
+        raise ValueError(f"{out_dir / RESULTS_FILE} has no results")
+    run_file = out_dir / "run.json"
+    run_info = json.loads(run_file.read_text()) if run_file.exists() else {}
+    summary = summarize(rows)
+    plots = write_plots(summary, out_dir / "plots")
+    report = out_dir / "report.md"
+    report.write_text(render_markdown(summary, run_info, [str(p.relative_to(out_dir)) for p in plots]))
+    return report

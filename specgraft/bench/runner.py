@@ -1,0 +1,446 @@
+"""The benchmark protocol: every method on every prompt, in one process, against plain decoding.
+
+1. Load the target (and the draft model, if any) once; set the threads explicitly.
+2. Warm up: one short generation per method on a fixed prompt that is not in any suite.
+3. For each prompt and turn: run ``ar`` (plain decoding through the same adapter) first, then
+   every other method, on the same token ids, same dtype, same threads; ``time.perf_counter()``
+   around the generation call only.
+4. Append one :class:`~specgraft.bench.records.ResultRow` per (prompt, turn, method) to
+   ``results.jsonl`` as soon as it is measured; ``resume=True`` skips rows already there.
+5. Write ``report.md`` and the plots (:mod:`specgraft.bench.report`).
+
+A second turn (MT-bench) is the chat of turn 1, ``ar``'s own answer to it, and turn 2; every
+method gets those same ids. Speedup per task = total ``ar`` time / total method time over the
+task's generations; the overall figure is the same ratio over all generations.
+
+Example::
+
+    from specgraft.bench import BenchConfig, run_benchmark
+    report = run_benchmark(BenchConfig(model="qwen2.5-coder-1.5b-instruct", suite="spec-bench:3,humaneval:6",
+                                       methods=("ar", "pld", "recycling", "hf", "hf-pld"), out="bench-out"))
+    print(report.read_text())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+
+from specgraft.bench.compare import agreement
+from specgraft.bench.contract import BenchMethod, MethodRun, SpecgraftMethod, with_max_new_tokens
+from specgraft.bench.datasets import BenchPrompt, Suite, load_suite, parse_suite_spec
+from specgraft.bench.environment import environment
+from specgraft.bench.peers import PEERS, HFPeer
+from specgraft.bench.records import RESULTS_FILE, ResultRow, append_row, read_rows
+from specgraft.bench.repetition import self_repetition
+from specgraft.methods import METHODS, MethodOptions, method_names
+
+RUN_FILE = "run.json"
+WARMUP_PROMPT = "Say hello in one short sentence."
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything that defines a benchmark run; validated on construction.
+
+    >>> BenchConfig(model="m", out="o", methods="pld,hf-pld").run_methods
+    ('ar', 'pld', 'hf', 'hf-pld')
+    """
+
+    model: str
+    """Target: catalog name, local directory or Hugging Face id."""
+    out: str
+    """Output directory: results.jsonl, run.json, report.md, plots/."""
+    methods: tuple[str, ...] = ("ar", "pld", "recycling")
+    """Registry methods and peers (``hf``, ``hf-pld``, ``hf-assisted``); a comma string is split;
+    ``"all"`` = every registry method and every peer (``hf-assisted`` when a draft model is given).
+    ``ar`` always runs (it is the baseline), and ``hf`` whenever a peer runs (the peers' baseline)."""
+    suite: str = "spec-bench"
+    """Comma list of ``spec-bench``, ``humaneval``, ``mt-bench``, ``eagle`` or JSONL paths, each
+    optionally ``:N`` for its own prompts per task, e.g. ``spec-bench:3,humaneval:6``."""
+    draft_model: str | None = None
+    """Draft model for ``hf-assisted`` (same tokenizer as the target)."""
+    per_task: int | None = None
+    """First N prompts of each task, in file order (None = all)."""
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    """0 = greedy."""
+    dtype: str = "bfloat16"
+    seed: int = 0
+    """Sampling seed (ours and the peers'), and torch's global seed."""
+    budget: int = 24
+    """Tree nodes verified per step, for every registry method."""
+    threads: int | None = None
+    """torch threads; None keeps torch's default (it is recorded either way)."""
+    resume: bool = False
+    """Append to an existing results.jsonl, skipping finished (prompt, turn, method) rows."""
+    alpaca_path: str | None = None
+    """EAGLE's alpaca set (CC BY-NC 4.0, not packaged); default ../shared/data/bench/alpaca_eagle80.jsonl."""
+    recycling_state: str | None = None
+    """Successor matrix (.npz from ``specgraft warmup``) that Token Recycling starts from."""
+    warmup_tokens: int = 16
+    """New tokens of each method's warm-up generation."""
+    progress: bool = True
+    """Show a progress bar and print the resolved config."""
+
+    def __post_init__(self) -> None:
+        from specgraft.config import SamplingConfig
+        from specgraft.models.hf import parse_dtype
+
+        methods = self.methods.split(",") if isinstance(self.methods, str) else list(self.methods)
+        methods = [m.strip() for m in methods if m.strip()]
+        if methods == ["all"]:
+            methods = [*method_names(), *(p for p in PEERS if p != "hf-assisted" or self.draft_model)]
+        object.__setattr__(self, "methods", tuple(methods))
+        if not self.model:
+            raise ValueError("no model given")
+        if not self.out:
+            raise ValueError("no output directory given")
+        known = list(method_names()) + list(PEERS)
+        for m in methods:
+            if m not in METHODS and m not in PEERS:
+                raise ValueError(f"unknown method {m!r}; choose from {', '.join(known)}")
+        if len(set(methods)) != len(methods):
+            raise ValueError(f"a method is listed twice in {','.join(methods)}")
+        if "hf-assisted" in methods and not self.draft_model:
+            raise ValueError("method hf-assisted needs --draft-model")
+        for spec in self.suite.split(","):
+            parse_suite_spec(spec)
+        if self.per_task is not None and self.per_task < 1:
+            raise ValueError(f"per_task must be >= 1, got {self.per_task}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.budget, int) or self.budget < 1:
+            raise ValueError(f"budget must be an integer >= 1, got {self.budget!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.warmup_tokens < 1:
+            raise ValueError(f"warmup_tokens must be >= 1, got {self.warmup_tokens}")
+        SamplingConfig(temperature=self.temperature, seed=self.seed)
+        parse_dtype(self.dtype)
+        if self.recycling_state is not None and not Path(self.recycling_state).is_file():
+            raise ValueError(f"recycling state {self.recycling_state!r} does not exist")
+
+    @property
+    def run_methods(self) -> tuple[str, ...]:
+        """Run order per prompt: ``ar``, our other methods, then ``hf`` and the other peers."""
+        ours = [m for m in self.methods if m in METHODS and m != "ar"]
+        peers = [m for m in self.methods if m in PEERS and m != "hf"]
+        if peers or "hf" in self.methods:
+            peers = ["hf", *peers]
+        return ("ar", *ours, *peers)
+
+    def comparable(self) -> dict[str, Any]:
+        """Fields that must be equal for rows from two sessions to be reported together."""
+        keep = ("model", "draft_model", "max_new_tokens", "temperature", "dtype", "seed", "budget", "threads", "recycling_state")
+        return {k: getattr(self, k) for k in keep}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_command(self) -> str:
+        """The equivalent ``specgraft bench`` command line.
+
+        >>> BenchConfig(model="m", out="o", suite="humaneval:2").to_command()
+        'specgraft bench --model m --methods ar,pld,recycling --suite humaneval:2 --max-new-tokens 128 --temperature 0.0 --dtype bfloat16 --seed 0 --budget 24 --out o'
+        """
+        parts = ["specgraft", "bench", "--model", self.model]
+        if self.draft_model:
+            parts += ["--draft-model", self.draft_model]
+        parts += ["--methods", ",".join(self.methods), "--suite", self.suite]
+        if self.per_task is not None:
+            parts += ["--per-task", str(self.per_task)]
+        parts += ["--max-new-tokens", str(self.max_new_tokens), "--temperature", str(self.temperature)]
+        parts += ["--dtype", self.dtype, "--seed", str(self.seed), "--budget", str(self.budget)]
+        if self.threads is not None:
+            parts += ["--threads", str(self.threads)]
+        if self.alpaca_path:
+            parts += ["--alpaca-path", self.alpaca_path]
+        if self.recycling_state:
+            parts += ["--recycling-state", self.recycling_state]
+        parts += ["--out", self.out]
+        return " ".join(shlex.quote(p) for p in parts)
+
+
+# -- prompts ------------------------------------------------------------------------------
+
+
+def conversation_ids(tokenizer, turns: Sequence[str], answers: Sequence[str], chat: bool) -> list[int]:
+    """Token ids of the last of ``turns``, after the earlier turns and their ``answers``.
+
+    With ``chat`` the message list ``[user t0, assistant a0, user t1, ...]`` goes through
+    ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``; for one turn this is
+    exactly :meth:`SpecDecoder.encode(prompt, chat=True)`. Without a chat template the parts are
+    joined by blank lines, e.g. ``turns=["Hi", "More"], answers=["Hello"]`` -> ``"Hi\\n\\nHello\\n\\nMore"``.
+    """
+    assert len(answers) == len(turns) - 1, f"{len(turns)} turns need {len(turns) - 1} answers, got {len(answers)}"
+    if chat:
+        messages: list[dict[str, str]] = []
+        for i, turn in enumerate(turns):
+            messages.append({"role": "user", "content": turn})
+            if i < len(answers):
+                messages.append({"role": "assistant", "content": answers[i]})
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        parts = [p for pair in zip(turns, [*answers, ""]) for p in pair][:-1]
+        ids = tokenizer("\n\n".join(parts))["input_ids"]
+    if not ids:
+        raise ValueError("a benchmark prompt encoded to no tokens")
+    return list(ids)
+
+
+# -- loading -----------------------------------------------------------------------------
+
+
+@dataclass
+class LoadedModels:
+    decoder: Any  # SpecDecoder with method "ar"
+    draft: Any | None  # PreTrainedModel
+
+
+def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
+    """Load the target once (and the draft model); check that their tokenizers agree."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specgraft.api import SpecDecoder
+    from specgraft.models.catalog import resolve_model
+    from specgraft.models.hf import parse_dtype
+
+    decoder = SpecDecoder.from_pretrained(cfg.model, method="ar", dtype=cfg.dtype, options=options, progress=cfg.progress)
+    if decoder.tokenizer is None:
+        raise ValueError(f"model {cfg.model!r} has no tokenizer; the benchmark needs one")
+    draft = None
+    if cfg.draft_model:
+        path = resolve_model(cfg.draft_model, progress=cfg.progress)
+        draft_tok = AutoTokenizer.from_pretrained(path)
+        if draft_tok.get_vocab() != decoder.tokenizer.get_vocab():
+            raise ValueError(f"draft model {cfg.draft_model!r} has a different vocabulary from {cfg.model!r}")
+        draft = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(cfg.dtype)).eval()
+    return LoadedModels(decoder, draft)
+
+
+def build_methods(cfg: BenchConfig, models: LoadedModels, options: MethodOptions) -> dict[str, BenchMethod]:
+    """One :class:`BenchMethod` per name in ``cfg.run_methods``, all over the one loaded target.
+
+    Registry methods get ``options`` (issue 4's draft-model methods will take the loaded draft
+    model here, once :class:`MethodOptions` carries one).
+    """
+    config = models.decoder.make_config(
+        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed, budget=cfg.budget
+    )
+    eos = sorted(models.decoder.engine.eos_token_ids)
+    out: dict[str, BenchMethod] = {}
+    for name in cfg.run_methods:
+        if name in PEERS:
+            out[name] = HFPeer(
+                name, models.decoder.model, eos, cfg.max_new_tokens, cfg.temperature, cfg.seed, assistant_model=models.draft
+            )
+        else:
+            out[name] = SpecgraftMethod(models.decoder.with_method(name, options), config)
+    return out
+
+
+def warm_up(methods: dict[str, BenchMethod], ids: list[int], tokens: int) -> None:
+    """One short generation per method so no method pays for first-call allocations."""
+    for m in methods.values():
+        if isinstance(m, HFPeer):
+            m.run(ids, max_new_tokens=tokens)
+        else:
+            assert isinstance(m, SpecgraftMethod)
+            SpecgraftMethod(m.decoder, with_max_new_tokens(m.config, tokens)).run(ids)
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    """One process's share of a run: rows it measures carry its id, config and environment."""
+
+    id: str
+    cfg: BenchConfig
+    environment: dict[str, Any]
+    decoder: Any  # SpecDecoder, for detokenizing outputs
+
+
+@dataclass
+class Generation:
+    """The input of one (prompt, turn): the same token ids for every method."""
+
+    prompt: BenchPrompt
+    turn: int
+    # [prompt_tokens]
+    ids: list[int]
+    chat: bool
+    """Whether the chat template was applied."""
+
+
+def _session_id() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
+
+
+def _check_resume(out: Path, cfg: BenchConfig) -> None:
+    run_file = out / RUN_FILE
+    if not run_file.exists():
+        return
+    before = json.loads(run_file.read_text())["config"]
+    now = cfg.comparable()
+    diff = {k: (before.get(k), v) for k, v in now.items() if before.get(k) != v}
+    if diff:
+        detail = ", ".join(f"{k}: {a!r} before, {b!r} now" for k, (a, b) in diff.items())
+        raise ValueError(f"cannot resume {out}: the run was made with a different config ({detail})")
+
+
+def make_row(
+    gen: Generation, name: str, method: BenchMethod, run: MethodRun, ar_tokens: list[int], hf_tokens: list[int] | None, session: Session
+) -> ResultRow:
+    """The JSONL row of one measured generation; ``ar_tokens`` / ``hf_tokens`` are the references."""
+    row = ResultRow(
+        prompt_id=gen.prompt.id, task=gen.prompt.task, suite=gen.prompt.suite, turn=gen.turn, method=name,
+        peer=method.is_peer, chat=gen.chat, session=session.id, prompt_tokens=len(gen.ids),
+        new_tokens=len(run.tokens), time_s=round(run.time_s, 6),
+        tokens_per_s=round(len(run.tokens) / run.time_s, 4) if run.time_s > 0 else 0.0,
+        tokens=list(run.tokens), text=session.decoder.decode(run.tokens),
+        agreement=agreement(run.tokens, ar_tokens).to_dict(),
+        config={**session.cfg.to_dict(), "method_config": run.config, "chat_template": gen.chat},
+        environment=session.environment,
+    )
+    if run.stats is not None:
+        d = run.stats.to_dict()
+        row.steps = run.stats.steps
+        row.mat = round(run.stats.mat, 4)
+        row.tokens_per_step = d["tokens_per_step"]
+        row.proposed_by_source = d["proposed_by_source"]
+        row.accepted_by_source = d["accepted_by_source"]
+        row.time_breakdown_s = d["time_s"]
+    if method.is_peer and hf_tokens is not None:
+        row.agreement_hf = agreement(run.tokens, hf_tokens).to_dict()
+    if name == "ar":
+        sr = self_repetition(gen.ids, run.tokens)
+        row.self_repetition = {"response_tokens": sr.response_tokens, "advances": sr.advances}
+    return row
+
+
+def _open_results(cfg: BenchConfig) -> tuple[Path, dict[tuple[str, int, str], ResultRow]]:
+    """The results file and the rows already in it (only with ``resume``)."""
+    out = Path(cfg.out)
+    results = out / RESULTS_FILE
+    if results.exists() and not cfg.resume:
+        raise ValueError(f"{results} exists; pass --resume to continue that run or choose another --out")
+    if cfg.resume:
+        _check_resume(out, cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    return results, {r.key: r for r in read_rows(results, repair=True)}
+
+
+def _write_run_info(cfg: BenchConfig, suite: Suite, session: Session, notes: list[str]) -> dict[str, Any]:
+    run_file = Path(cfg.out) / RUN_FILE
+    previous = json.loads(run_file.read_text()).get("sessions", []) if run_file.exists() else []
+    info = {
+        "config": {**cfg.to_dict(), "run_methods": list(cfg.run_methods)},
+        "command": cfg.to_command(),
+        "environment": session.environment,
+        "suite": {"sources": list(suite.sources), "tasks": suite.tasks, "prompts": len(suite.prompts)},
+        "notes": notes,
+        "sessions": [*previous, session.id],
+    }
+    run_file.write_text(json.dumps(info, indent=2))
+    return info
+
+
+def _progress(console: Console, enabled: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("eta"), TimeRemainingColumn(),
+    )
+    return Progress(*columns, console=console, disable=not enabled)
+
+
+def run_suite(
+    suite: Suite, methods: dict[str, BenchMethod], session: Session, results: Path,
+    stored: dict[tuple[str, int, str], ResultRow], console: Console,
+) -> None:
+    """For every prompt and turn, run ``ar`` then the other methods; append each row as it comes.
+
+    Rows in ``stored`` are not measured again; their tokens still serve as references and as the
+    ``ar`` answer a next turn is conditioned on.
+    """
+    cfg, decoder = session.cfg, session.decoder
+    tokenizer = decoder.tokenizer
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    todo = sum(1 for p in suite.prompts for t in range(len(p.turns)) for m in cfg.run_methods if (p.id, t, m) not in stored)
+    with _progress(console, cfg.progress) as bar:
+        job = bar.add_task("bench", total=todo)
+        for prompt in suite.prompts:
+            chat = prompt.chat and has_template
+            answers: list[str] = []
+            for turn in range(len(prompt.turns)):
+                gen = Generation(prompt, turn, conversation_ids(tokenizer, prompt.turns[: turn + 1], answers, chat), chat)
+                ar_tokens: list[int] | None = None
+                hf_tokens: list[int] | None = None
+                for name in cfg.run_methods:
+                    row = stored.get((prompt.id, turn, name))
+                    if row is None:
+                        bar.update(job, description=f"{prompt.task} {prompt.id} turn {turn + 1} {name}")
+                        run = methods[name].run(gen.ids)
+                        reference = run.tokens if name == "ar" else ar_tokens
+                        assert reference is not None, "ar runs first"
+                        row = make_row(gen, name, methods[name], run, reference, run.tokens if name == "hf" else hf_tokens, session)
+                        append_row(results, row)
+                        stored[row.key] = row
+                        bar.advance(job)
+                    if name == "ar":
+                        ar_tokens = row.tokens
+                    elif name == "hf":
+                        hf_tokens = row.tokens
+                assert ar_tokens is not None
+                answers.append(decoder.decode(ar_tokens))
+
+
+def run_benchmark(cfg: BenchConfig, console: Console | None = None) -> Path:
+    """Run the benchmark described by ``cfg``; returns the path of the written ``report.md``."""
+    import torch
+
+    from specgraft.bench.report import write_report
+
+    console = console or Console(stderr=True, highlight=False)
+    suite = load_suite(cfg.suite, cfg.per_task, cfg.alpaca_path)
+    results, stored = _open_results(cfg)
+
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    options = MethodOptions(recycling_state=cfg.recycling_state)
+    models = load_models(cfg, options)
+    methods = build_methods(cfg, models, options)
+    session = Session(_session_id(), cfg, environment(cfg.dtype), models.decoder)
+
+    has_template = bool(getattr(models.decoder.tokenizer, "chat_template", None))
+    notes = list(suite.notes)
+    if not has_template and any(p.chat for p in suite.prompts):
+        notes.append(f"{cfg.model} has no chat template: every prompt is given as raw text")
+    for note in notes:
+        console.print(f"[yellow]notice:[/yellow] {note}")
+    info = _write_run_info(cfg, suite, session, notes)
+    if cfg.progress:
+        console.print(f"[bold]specgraft bench[/bold] {info['command']}")
+        console.print_json(json.dumps({"config": info["config"], "environment": session.environment}))
+
+    first_chat = bool(suite.prompts) and suite.prompts[0].chat and has_template
+    warm_up(methods, models.decoder.encode(WARMUP_PROMPT, chat=first_chat), cfg.warmup_tokens)
+    run_suite(suite, methods, session, results, stored, console)
+    report = write_report(cfg.out)
+    if cfg.progress:
+        console.print(f"wrote {results}, {report} and {Path(cfg.out) / 'plots'}")
+    return report

@@ -1,0 +1,340 @@
+"""The benchmark harness on a tiny random model: files, resume, consistent numbers, report and plots.
+
+No speed assertions: timings of a random 2-layer model say nothing. The tiny model reads a
+byte-level tokenizer (259 ids: 3 specials + 256 bytes), so the real prompt sets encode without
+unknown tokens and texts round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specgraft.bench import BenchConfig, load_suite, run_benchmark, self_repetition
+from specgraft.bench.compare import agreement
+from specgraft.bench.datasets import DATA_DIR, SUITES, parse_suite_spec
+from specgraft.bench.records import RESULTS_FILE, read_rows
+from specgraft.bench.repetition import longest_match
+from specgraft.bench.report import OVERALL, summarize
+from specgraft.bench.runner import conversation_ids
+
+MAX_NEW = 8
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def byte_tokenizer():
+    """Byte-level BPE with no merges: one token per byte, ids 3..258; <pad>=0, <s>=1, </s>=2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({ch: 3 + i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def save_tiny(path: Path, layers: int, seed: int) -> str:
+    torch.manual_seed(seed)
+    tokenizer = byte_tokenizer()
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+    )
+    cfg._attn_implementation = "sdpa"
+    LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("bench-target"), layers=2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("bench-draft"), layers=1, seed=1)
+
+
+@pytest.fixture(scope="module")
+def alpaca_file(tmp_path_factory):
+    """A stand-in for EAGLE's alpaca set (the real one is never read by the tests)."""
+    path = tmp_path_factory.mktemp("alpaca") / "alpaca.jsonl"
+    rows = [{"id": f"alpaca_eagle-{i}", "task": "alpaca", "turns": [f"Name {i + 2} colours."]} for i in range(3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def config(target: str, out: Path, **kw) -> BenchConfig:
+    base = dict(model=target, out=str(out), max_new_tokens=MAX_NEW, dtype="float32", threads=1, warmup_tokens=2, progress=False)
+    return BenchConfig(**(base | kw))
+
+
+# -- READER self-repetition and agreement -------------------------------------------------------
+
+
+def slow_self_repetition(prompt: list[int], response: list[int]) -> tuple[int, int]:
+    """The paper's three steps with brute-force substring search (the obviously correct twin)."""
+
+    def occurs(sub: list[int], text: list[int]) -> bool:
+        return any(text[j : j + len(sub)] == sub for j in range(len(text) - len(sub) + 1))
+
+    pointer = advances = 0
+    while pointer < len(response):
+        best = 0
+        for end in range(pointer + 1, len(response) + 1):
+            sub = response[pointer:end]
+            if occurs(sub, prompt) or occurs(sub, response[:pointer]):
+                best = end - pointer
+        pointer += max(best, 1)
+        advances += 1
+    return len(response), advances
+
+
+def test_self_repetition_worked_example():
+    sr = self_repetition([1, 2, 3, 4], [1, 2, 3, 5, 1, 2, 3, 5])
+    assert (sr.response_tokens, sr.advances) == (8, 3)
+    assert self_repetition([1, 2], []).value == 0.0
+    # no repetition at all: one advance per token
+    assert self_repetition([9], [1, 2, 3]).value == 1.0
+    # the response repeats itself; a match never overlaps the pointer: advances 1 | 2 | 1,2 | 1,2
+    assert self_repetition([], [1, 2, 1, 2, 1, 2]).advances == 4
+
+
+def test_self_repetition_matches_slow_twin():
+    rng = random.Random(0)
+    for _ in range(300):
+        prompt = [rng.randrange(4) for _ in range(rng.randrange(0, 12))]
+        response = [rng.randrange(4) for _ in range(rng.randrange(0, 16))]
+        sr = self_repetition(prompt, response)
+        assert (sr.response_tokens, sr.advances) == slow_self_repetition(prompt, response), (prompt, response)
+
+
+def test_longest_match():
+    assert longest_match([1, 2, 3], [1, 2, 3]) == 3
+    assert longest_match([1, 2, 3], [3, 1, 2]) == 2
+    assert longest_match([], [1]) == 0
+
+
+def test_agreement():
+    assert agreement([1, 2, 3], [1, 2, 3]).to_dict() == {"exact": True, "first_divergence": None, "fraction_equal": 1.0}
+    a = agreement([1, 9, 3, 4], [1, 2, 3])
+    assert (a.exact, a.first_divergence, a.fraction_equal) == (False, 1, 0.5)
+    assert agreement([], []).exact
+
+
+# -- suites ---------------------------------------------------------------------------------------
+
+
+def test_packaged_suites_load():
+    spec = load_suite("spec-bench", per_task=2)
+    assert spec.tasks == ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"]
+    assert len(spec.prompts) == 12 and all(p.chat for p in spec.prompts)
+    # first N in file order
+    all_ids = [json.loads(l)["id"] for l in (DATA_DIR / SUITES["spec-bench"]).read_text().splitlines()]
+    assert [p.id for p in spec.prompts[:2]] == all_ids[:2]
+    he = load_suite("humaneval", per_task=2)
+    assert [p.id for p in he.prompts] == ["HumanEval/0", "HumanEval/1"] and not any(p.chat for p in he.prompts)
+    mt = load_suite("mt-bench", per_task=2)
+    assert all(len(p.turns) == 2 for p in mt.prompts)
+    both = load_suite("spec-bench:1,humaneval:3")
+    assert len(both.prompts) == 6 + 3
+    # the two suites share the task mt_bench: told apart by suite
+    mixed = load_suite("spec-bench:1,mt-bench:1")
+    assert {"spec-bench/mt_bench", "mt-bench/mt_bench"} <= set(mixed.tasks)
+
+
+def test_eagle_alpaca_is_read_from_a_path_never_packaged(alpaca_file, monkeypatch, tmp_path):
+    packaged = (DATA_DIR / "eagle_eval.jsonl").read_text()
+    assert '"task": "alpaca"' not in packaged and not (DATA_DIR / "alpaca_eagle80.jsonl").exists()
+    with_alpaca = load_suite("eagle", per_task=2, alpaca_path=alpaca_file)
+    assert with_alpaca.tasks == ["alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum"]
+    assert not with_alpaca.notes
+    monkeypatch.setattr("specgraft.bench.datasets.default_alpaca_paths", lambda: [tmp_path / "missing.jsonl"])
+    without = load_suite("eagle", per_task=2)
+    assert "alpaca" not in without.tasks and "skipped" in without.notes[0]
+    with pytest.raises(ValueError, match="alpaca file 'nope.jsonl' does not exist"):
+        load_suite("eagle", alpaca_path="nope.jsonl")
+
+
+def test_custom_jsonl_and_bad_input(tmp_path):
+    good = tmp_path / "mine.jsonl"
+    good.write_text('{"id": "a", "task": "t1", "turns": ["x"]}\n{"id": "b", "task": "t2", "turns": ["y"], "chat": false}\n')
+    suite = load_suite(str(good))
+    assert suite.tasks == ["t1", "t2"] and [p.chat for p in suite.prompts] == [True, False]
+    with pytest.raises(ValueError, match="unknown suite 'nope'; choose one of spec-bench, humaneval, mt-bench, eagle"):
+        load_suite("nope")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "task": "t", "turns": []}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1: 'turns' must be a non-empty list"):
+        load_suite(str(bad))
+    bad.write_text('{"id": "a", "task": "t", "turns": ["x"]}\n{"id": "a", "task": "t", "turns": ["y"]}\n')
+    with pytest.raises(ValueError, match="duplicate id 'a'"):
+        load_suite(str(bad))
+    assert parse_suite_spec("spec-bench:3") == ("spec-bench", 3)
+    with pytest.raises(ValueError, match="per_task must be >= 1"):
+        load_suite("humaneval", per_task=0)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(methods="ar,nope"), "unknown method 'nope'; choose from ar, "),
+        (dict(methods="hf-assisted"), "hf-assisted needs --draft-model"),
+        (dict(suite="humaneval:0"), "prompts per task must be >= 1"),
+        (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
+        (dict(dtype="int3"), "unknown dtype 'int3'"),
+        (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
+        (dict(recycling_state="missing.npz"), "recycling state 'missing.npz' does not exist"),
+    ],
+)
+def test_bad_config(kw, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        BenchConfig(model="m", out="o", **kw)
+
+
+def test_run_order():
+    assert BenchConfig(model="m", out="o", methods="hf-pld,recycling").run_methods == ("ar", "recycling", "hf", "hf-pld")
+    everything = BenchConfig(model="m", out="o", methods="all", draft_model="d").run_methods
+    assert set(everything) >= {"ar", "pld", "recycling", "hf", "hf-pld", "hf-assisted"}
+
+
+def test_second_turn_holds_the_first_answer():
+    tok = byte_tokenizer()
+    ids = conversation_ids(tok, ["Hi", "More"], ["Hello"], chat=True)
+    assert tok.decode(ids) == "<user>Hi</s><assistant>Hello</s><user>More</s><assistant>"
+    first = conversation_ids(tok, ["Hi"], [], chat=True)
+    assert tok.decode(first) == "<user>Hi</s><assistant>"
+    assert tok.decode(conversation_ids(tok, ["Hi", "More"], ["Hello"], chat=False)) == "Hi\n\nHello\n\nMore"
+
+
+# -- full runs on the tiny model ------------------------------------------------------------------------
+
+
+def check_rows_consistent(rows) -> None:
+    keys = [r.key for r in rows]
+    assert len(keys) == len(set(keys)), "a (prompt, turn, method) row was written twice"
+    for r in rows:
+        assert r.new_tokens == len(r.tokens) <= MAX_NEW
+        assert r.time_s > 0 and r.config["max_new_tokens"] == MAX_NEW
+        assert r.environment["torch_threads"] == 1 and r.environment["dtype"] == "float32" and r.environment["cpu_model"]
+        if r.peer:
+            assert r.steps is None and r.mat is None and r.tokens_per_step is None
+            assert r.agreement_hf is not None
+        else:
+            hist = {int(k): v for k, v in r.tokens_per_step.items()}
+            assert sum(k * v for k, v in hist.items()) == r.new_tokens
+            assert sum(hist.values()) == r.steps
+            assert r.mat == pytest.approx(r.new_tokens / r.steps, abs=1e-4)
+            assert set(r.time_breakdown_s) >= {"draft", "forward", "verify", "commit", "total"}
+            if r.method == "ar":
+                assert r.steps == r.new_tokens and r.agreement["exact"]
+                assert r.self_repetition["response_tokens"] == r.new_tokens
+            # greedy verification is lossless: in fp32 our methods reproduce ar token for token
+            assert r.agreement["exact"], r
+    # mt-bench turn 2 is conditioned on ar's own first answer
+    for r in rows:
+        if r.turn == 1 and r.method == "ar":
+            first = next(x for x in rows if x.prompt_id == r.prompt_id and x.turn == 0 and x.method == "ar")
+            assert r.prompt_tokens > first.prompt_tokens + first.new_tokens
+
+
+def test_full_run_every_suite(target_dir, alpaca_file, tmp_path):
+    out = tmp_path / "run"
+    cfg = config(
+        target_dir, out, suite="spec-bench:2,humaneval:2,mt-bench:2,eagle:2",
+        methods="ar,pld,recycling,hf,hf-pld", alpaca_path=alpaca_file,
+    )
+    report = run_benchmark(cfg)
+    rows = read_rows(out / RESULTS_FILE)
+    suite = load_suite(cfg.suite, alpaca_path=alpaca_file)
+    generations = suite.generations_per_method
+    assert len(rows) == generations * 5
+    check_rows_consistent(rows)
+    assert {r.method for r in rows if r.peer} == {"hf", "hf-pld"}
+    he = [r for r in rows if r.suite == "humaneval"]
+    assert he and not any(r.chat for r in he)
+
+    text = report.read_text()
+    assert text.startswith("# specgraft benchmark")
+    assert "specgraft bench --model" in text and "total `ar` time / total method time" in text
+    assert "retrieval ceiling" in text and "MAT (bonus incl.)" in text
+    for task in suite.tasks:
+        assert f"## {task} (" in text
+    for name in ("speedup_vs_mat", "speedup_by_task", "tokens_per_step", "time_breakdown"):
+        png = out / "plots" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+        assert f"plots/{name}.png" in text
+    summary = summarize(rows)
+    overall = summary.cell("pld", OVERALL)
+    assert overall.generations == generations and overall.speedup is not None and overall.speedup_hf is not None
+    assert summary.ceiling[OVERALL].value >= 1.0
+    run_info = json.loads((out / "run.json").read_text())
+    assert run_info["config"]["run_methods"] == ["ar", "pld", "recycling", "hf", "hf-pld"]
+
+
+def test_resume_skips_finished_rows(target_dir, tmp_path):
+    out = tmp_path / "run"
+    run_benchmark(config(target_dir, out, suite="humaneval:1,mt-bench:1", methods="ar,pld"))
+    first = read_rows(out / RESULTS_FILE)
+    assert len(first) == (1 + 2) * 2
+
+    with pytest.raises(ValueError, match="exists; pass --resume"):
+        run_benchmark(config(target_dir, out, suite="humaneval:1", methods="ar,pld"))
+    with pytest.raises(ValueError, match="different config .*max_new_tokens: 8 before, 6 now"):
+        run_benchmark(config(target_dir, out, suite="humaneval:1", max_new_tokens=6, resume=True))
+
+    # an interrupted write leaves a partial last line: resume cuts it and re-measures
+    with (out / RESULTS_FILE).open("a") as f:
+        f.write('{"prompt_id": "HumanEval/1", "tur')
+    run_benchmark(config(target_dir, out, suite="humaneval:2,mt-bench:1", methods="ar,pld,hf", resume=True))
+    rows = read_rows(out / RESULTS_FILE)
+    assert rows[: len(first)] == first, "finished rows are kept as they were"
+    assert len(rows) == (2 + 2) * 3
+    check_rows_consistent(rows)
+    new = rows[len(first) :]
+    assert len({r.session for r in new}) == 1 and new[0].session != first[0].session
+    assert {(r.prompt_id, r.method) for r in new if r.prompt_id == "HumanEval/0"} == {("HumanEval/0", "hf")}
+    assert "2 sessions" in (out / "report.md").read_text()
+
+
+def test_cli_with_draft_model(target_dir, draft_dir, tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from specgraft.bench.cli import bench
+
+    app = typer.Typer()
+    app.command()(bench)
+    out = tmp_path / "cli"
+    args = ["--model", target_dir, "--draft-model", draft_dir, "--methods", "ar,hf-assisted", "--suite", "humaneval",
+            "--per-task", "1", "--max-new-tokens", str(MAX_NEW), "--dtype", "float32", "--threads", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = read_rows(out / RESULTS_FILE)
+    assert [r.method for r in rows] == ["ar", "hf", "hf-assisted"]
+    assert "hf-assisted (HF)" in result.output
+    bad = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "cli2"), "--suite", "nope"])
+    assert isinstance(bad.exception, ValueError) and "unknown suite 'nope'" in str(bad.exception)
+
+
+@pytest.mark.parametrize("module", ["compare", "datasets", "environment", "repetition", "runner"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"specgraft.bench.{module}"))
+    assert result.attempted > 0 and result.failed == 0
