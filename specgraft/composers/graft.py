@@ -1,0 +1,378 @@
+"""Graft: prune the draft-model tree at confidence checkpoints, graft retrieval into the released slots.
+
+Under a fixed verification budget ``K`` (Graft sections 2-3, Appendix A, Algorithm 2):
+
+1. The draft model drafts layer by layer (:mod:`specgraft.drafters.draft_model`); at each
+   pruning checkpoint ``d`` it compares ``c_d = exp(max path score)`` with a calibrated
+   ``tau_d`` and stops drafting when ``c_d <= tau_d``. The checkpoint reached is the *stage*.
+2. Stage ``s`` splits the budget ``K = K_draft(s) + K_ret(s)``: the paper keeps 8, 24, 40 of 60
+   nodes from the draft for pruning at the root, after depth 1 and after depth 5; we keep the
+   same shares of ``K`` (``round(K * 8 / 60)`` ...). The ``K_draft(s)`` best draft nodes by path
+   score are kept. No pruning: the whole budget goes to the draft.
+3. Retrieval fills ``K_ret(s)`` slots from the successor matrix shared with Token Recycling
+   (rows refreshed from the target's top-k at every verified node, warmed up from a corpus),
+   rooted at the root token, with the stage's rank-path template (Table 7: ``d0`` 52 nodes
+   ``8+10+8+6+5+4+4+4+3``, ``d1`` 36, ``d5`` 20; scaled to ``K_ret`` for other budgets).
+   The root-centred envelope holding every stage's template is filled once per step,
+   independently of drafting (:class:`GraftRetrieval`); the composer takes the stage's part.
+4. The kept draft nodes and the stage's retrieved nodes are merged (shared prefixes
+   deduplicated) into one tree of at most ``K`` nodes, verified with the unchanged rule.
+
+Variants (the ablations of the paper's Figures 2 and 5, all at the same budget ``K``):
+
+==============  ==========  =====================  ==========================================
+method          gates       draft / retrieval      retrieval rooted at
+==============  ==========  =====================  ==========================================
+``draft-tree``  no          K / 0                  (none: the dense EAGLE-2 tree)
+``graft-prune`` yes         K_draft(s) / 0         (none: released slots stay empty)
+``graft-fixed`` no          stage ``d1`` split     root ("w/o prune": a fixed split every step)
+``graft-root``  no          stage ``d5`` split     root (a retrieved branch beside the draft)
+``graft-tail``  no          stage ``d5`` split     the end of the best draft path
+``graft``       yes         K_draft(s) / K_ret(s)  root
+==============  ==========  =====================  ==========================================
+
+``graft-fixed`` and ``graft-root`` are the same mechanism (no pruning, retrieval at the root,
+a fixed split) at two splits: the paper describes ROOT as "a retrieved branch attached to the
+root alongside the original candidates" and "w/o prune" as "a fixed draft/retrieval split";
+we give ROOT and TAIL the small branch of the deepest stage and "w/o prune" the middle
+stage's split, both configurable. TAIL follows the highest-scoring child from the root to a
+leaf of the kept draft and hangs the stage template under it, filled from that leaf's token:
+it only pays off when the whole draft prefix is accepted, as the paper says.
+
+Example with ``K = 60`` and a draft pruned at the root (stage 0): 8 draft nodes (the 8 best
+children of the root) + the 52-node ``d0`` template filled from ``M[root]`` -> a 60-node tree
+(fewer when a retrieved node repeats a draft node: it is merged, not duplicated).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Sequence
+
+import numpy as np
+
+from specgraft.drafters.draft_model import ModelDraft, trim
+from specgraft.drafters.recycling import RecyclingConfig, RecyclingDrafter, SuccessorMatrix
+from specgraft.tree.build import merge_drafts
+from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, RankTemplate, rank_template, scale_counts
+from specgraft.types import Draft, DraftTree
+
+#: The paper's budget and per-stage split (Appendix A: 8/24/40 draft nodes of 60).
+PAPER_BUDGET = 60
+PAPER_DRAFT_NODES = (8, 24, 40)
+
+VARIANTS = ("draft-tree", "graft-prune", "graft-fixed", "graft-root", "graft-tail", "graft")
+_GATED = {"graft-prune", "graft"}
+_RETRIEVAL = {"graft": "root", "graft-fixed": "root", "graft-root": "root", "graft-tail": "tail"}
+
+
+@dataclass(frozen=True)
+class GraftConfig:
+    variant: str = "graft"
+    """One of ``VARIANTS``."""
+    draft_shares: tuple[float, ...] = tuple(n / PAPER_BUDGET for n in PAPER_DRAFT_NODES)
+    """``K_draft(s) / K`` for each stage (one per pruning checkpoint, shallowest first)."""
+    stage_templates: tuple[tuple[int, ...], ...] = (STAGE_TEMPLATES["d0"], STAGE_TEMPLATES["d1"], STAGE_TEMPLATES["d5"])
+    """Retrieved nodes per depth of each stage's template at ``K = 60`` (Table 7), scaled to ``K_ret``."""
+    envelope: tuple[int, ...] = FULL_ENVELOPE
+    """The full retrieval envelope at ``K = 60`` (80 nodes, Table 7); scaled by ``K / 60``."""
+    fixed_stage: int = 1
+    """The stage whose split ``graft-fixed`` uses at every step."""
+    branch_stage: int = 2
+    """The stage whose split ``graft-root`` and ``graft-tail`` use at every step."""
+    k: int = 8
+    """Successors per token in the matrix (template ranks are ``< k``)."""
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown Graft variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
+        if len(self.draft_shares) != len(self.stage_templates):
+            raise ValueError(f"{len(self.draft_shares)} draft shares for {len(self.stage_templates)} stage templates")
+        if any(not 0.0 <= s <= 1.0 for s in self.draft_shares):
+            raise ValueError(f"draft shares must lie in [0, 1], got {self.draft_shares}")
+        for name in ("fixed_stage", "branch_stage"):
+            if not 0 <= getattr(self, name) < len(self.stage_templates):
+                raise ValueError(f"{name} must index a stage (0..{len(self.stage_templates) - 1}), got {getattr(self, name)}")
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+
+    @property
+    def gated(self) -> bool:
+        """Whether the drafter stops at confidence checkpoints in this variant."""
+        return self.variant in _GATED
+
+    @property
+    def retrieval(self) -> str | None:
+        """Where retrieved nodes hang: ``"root"``, ``"tail"`` or None (no retrieval)."""
+        return _RETRIEVAL.get(self.variant)
+
+    @property
+    def fixed(self) -> int | None:
+        """The stage used at every step by the fixed-split variants, else None."""
+        fixed = {"graft-fixed": self.fixed_stage, "graft-root": self.branch_stage, "graft-tail": self.branch_stage}
+        return fixed.get(self.variant)
+
+
+def union_template(templates: Sequence[RankTemplate]) -> tuple[RankTemplate, list[np.ndarray]]:
+    """One template holding every rank path of ``templates``, and where each template's nodes sit in it.
+
+    >>> u, where = union_template([rank_template([2], k=2), rank_template([1, 1], k=2)])
+    >>> u.rank_paths, [w.tolist() for w in where]
+    ([(0,), (1,), (0, 0)], [[0, 1], [0, 2]])
+    """
+    paths = sorted({p for t in templates for p in t.rank_paths}, key=lambda p: (len(p), p))
+    pos = {p: i for i, p in enumerate(paths)}
+    parents = [pos[p[:-1]] if len(p) > 1 else -1 for p in paths]
+    depth = max((len(p) for p in paths), default=0)
+    levels = [np.array([i for i, p in enumerate(paths) if len(p) == d], dtype=np.int64) for d in range(1, depth + 1)]
+    ranks = np.array([p[-1] for p in paths], dtype=np.int64)
+    union = RankTemplate(rank_paths=paths, parents=parents, ranks=ranks, levels=levels)
+    return union, [np.array([pos[p] for p in t.rank_paths], dtype=np.int64) for t in templates]
+
+
+def fill_rank_template(matrix: SuccessorMatrix, root: int, template: RankTemplate) -> np.ndarray:
+    """``[T]`` token of every template node at ``root`` (``-1``: unknown row or invalid parent).
+
+    Same gathers as :meth:`SuccessorMatrix.fill_template`, which also drops the invalid nodes;
+    here they stay so that node ``i`` is still template node ``i``.
+    """
+    toks = np.full(len(template), -1, dtype=np.int64)
+    par = np.asarray(template.parents, dtype=np.int64)
+    for depth, level in enumerate(template.levels):
+        parent_tok = np.full(len(level), root, dtype=np.int64) if depth == 0 else toks[par[level]]
+        valid = parent_tok >= 0
+        out = np.full(len(level), -1, dtype=np.int64)
+        out[valid] = matrix.table[parent_tok[valid], template.ranks[level][valid]]
+        toks[level] = out
+    return toks
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """Everything that depends only on the budget ``K``, computed once per ``K``."""
+
+    budget: int
+    # [stages] retained draft nodes / retrieved nodes per stage
+    k_draft: tuple[int, ...]
+    k_ret: tuple[int, ...]
+    # each stage's retrieval template (scaled to k_ret)
+    stage_templates: tuple[RankTemplate, ...]
+    # the root-centred envelope: the scaled full envelope and every stage template
+    envelope: RankTemplate
+    # [stages] envelope node indices of each stage's template
+    stage_nodes: tuple[np.ndarray, ...]
+
+
+def plan_budget(config: GraftConfig, budget: int) -> BudgetPlan:
+    """Split ``budget`` per stage and build the templates.
+
+    >>> p = plan_budget(GraftConfig(), 60)
+    >>> p.k_draft, p.k_ret, [t.depth_counts() for t in p.stage_templates][0]
+    ((8, 24, 40), (52, 36, 20), [8, 10, 8, 6, 5, 4, 4, 4, 3])
+    >>> plan_budget(GraftConfig(), 24).k_draft
+    (3, 10, 16)
+    """
+    k_draft = tuple(min(budget, int(np.floor(share * budget + 0.5))) for share in config.draft_shares)
+    k_ret = tuple(budget - kd for kd in k_draft)
+    stages = tuple(
+        rank_template(scale_counts(counts, kr), config.k) if kr > 0 else rank_template([], config.k)
+        for counts, kr in zip(config.stage_templates, k_ret, strict=True)
+    )
+    full_size = int(np.floor(sum(config.envelope) * budget / PAPER_BUDGET + 0.5))
+    full = rank_template(scale_counts(config.envelope, max(full_size, 1)), config.k)
+    envelope, where = union_template([full, *stages])
+    return BudgetPlan(
+        budget=budget, k_draft=k_draft, k_ret=k_ret, stage_templates=stages, envelope=envelope, stage_nodes=tuple(where[1:])
+    )
+
+
+class StagePlanner:
+    """Caches :func:`plan_budget` per budget; shared by :class:`GraftRetrieval` and :class:`GraftComposer`."""
+
+    def __init__(self, config: GraftConfig):
+        self.config = config
+        self._plans: dict[int, BudgetPlan] = {}
+
+    def plan(self, budget: int) -> BudgetPlan:
+        if budget not in self._plans:
+            self._plans[budget] = plan_budget(self.config, budget)
+        return self._plans[budget]
+
+
+@dataclass
+class EnvelopeDraft(Draft):
+    """The filled retrieval envelope; ``template_nodes[i]`` is node ``i``'s envelope template node."""
+
+    template_nodes: list[int] = field(default_factory=list)
+
+
+class GraftRetrieval(RecyclingDrafter):
+    """Graft's retrieval source (source ``retrieval``): Token Recycling's successor matrix and
+    updates (prefill rows, every verified node's top-k), proposing the whole root-centred
+    envelope of :class:`BudgetPlan`; :class:`GraftComposer` takes the part the stage needs.
+
+    The envelope can hold more than ``budget`` nodes: it is only meant for ``GraftComposer``.
+    """
+
+    name: ClassVar[str] = "retrieval"
+
+    def __init__(self, vocab_size: int, planner: StagePlanner, matrix: SuccessorMatrix | None = None):
+        super().__init__(vocab_size, RecyclingConfig(k=planner.config.k), matrix)
+        self.planner = planner
+
+    def propose(self, context: Sequence[int], budget: int) -> EnvelopeDraft:
+        plan = self.planner.plan(budget)
+        toks = fill_rank_template(self.matrix, int(context[-1]), plan.envelope)
+        keep = np.flatnonzero(toks >= 0)
+        new_index = np.full(len(toks), -1, dtype=np.int64)
+        new_index[keep] = np.arange(len(keep))
+        par = plan.envelope.parents
+        return EnvelopeDraft(
+            source=self.name,
+            tokens=toks[keep].tolist(),
+            parents=[int(new_index[par[i]]) if par[i] >= 0 else -1 for i in keep],
+            template_nodes=keep.tolist(),
+        )
+
+
+def envelope_part(envelope: EnvelopeDraft, nodes: np.ndarray) -> Draft:
+    """The envelope nodes that belong to the template nodes ``nodes`` (a closed set), reindexed."""
+    wanted = np.zeros(max(envelope.template_nodes, default=-1) + 1, dtype=bool)
+    wanted[nodes[nodes < len(wanted)]] = True
+    keep = [i for i, t in enumerate(envelope.template_nodes) if wanted[t]]
+    new_index = {old: new for new, old in enumerate(keep)}
+    return Draft(
+        source=envelope.source,
+        tokens=[envelope.tokens[i] for i in keep],
+        parents=[new_index[envelope.parents[i]] if envelope.parents[i] >= 0 else -1 for i in keep],
+    )
+
+
+def sample_and_match_where_retrieved(tree: DraftTree, retrieved: Draft, first: int = 0) -> DraftTree:
+    """NaN the ``draft_probs`` rows of every child of a node under which ``retrieved`` proposes a
+    child (its nodes from ``first`` on; earlier ones only lead the way, e.g. TAIL's draft path).
+
+    Rejection sampling at a node is exact when the rule used there does not depend on the
+    values of its sampled children. The merge gives a retrieved node a NaN row when it is new,
+    which turns its parent to sample-and-match; but a retrieved node that repeats a sampled
+    child is merged into it, leaving the parent on rejection sampling. Whether that happens
+    depends on the sampled children's values, which biases the result (the statistical test in
+    ``tests/test_graft.py`` sees it). Deciding by where retrieval *proposes* children, which
+    does not depend on the sampled children, keeps the choice exact.
+
+    Example: sampled children ``[5, 6]`` of the root and a retrieved root child ``5``: merged,
+    the root has children ``5, 6``, both with their ``q`` rows; here both rows become NaN.
+    """
+    if tree.draft_probs is None or not len(retrieved):
+        return tree
+    proposed_under: set[tuple[int, ...]] = set()
+    path: list[tuple[int, ...]] = []
+    for i, (tok, p) in enumerate(zip(retrieved.tokens, retrieved.parents, strict=True)):
+        parent_path = path[p] if p >= 0 else ()
+        if i >= first:
+            proposed_under.add(parent_path)
+        path.append(parent_path + (tok,))
+    rows: list[int] = []
+    tree_path: list[tuple[int, ...]] = []
+    for i, (tok, p) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
+        parent_path = tree_path[p] if p >= 0 else ()
+        tree_path.append(parent_path + (tok,))
+        if parent_path in proposed_under:
+            rows.append(i)
+    if not rows:
+        return tree
+    draft_probs = tree.draft_probs.clone()
+    draft_probs[rows] = float("nan")
+    return DraftTree(tokens=tree.tokens, parents=tree.parents, sources=tree.sources, draft_probs=draft_probs, scores=tree.scores)
+
+
+def best_path(draft: Draft) -> list[int]:
+    """Nodes from the root to a leaf, taking the best-scoring child each time (the first child without scores)."""
+    children: list[list[int]] = [[] for _ in range(len(draft) + 1)]
+    for i, p in enumerate(draft.parents):
+        children[p + 1].append(i)
+    path: list[int] = []
+    node = -1
+    while children[node + 1]:
+        kids = children[node + 1]
+        node = max(kids, key=lambda c: (draft.scores[c], -c)) if draft.scores is not None else kids[0]
+        path.append(node)
+    return path
+
+
+class GraftComposer:
+    """Builds Graft's hybrid tree (or one of its ablation variants) from a :class:`ModelDraft`
+    and, for retrieval variants, an :class:`EnvelopeDraft`. ``matrix`` is needed by ``graft-tail``
+    (it fills the template at a draft leaf)."""
+
+    def __init__(
+        self, config: GraftConfig = GraftConfig(), planner: StagePlanner | None = None, matrix: SuccessorMatrix | None = None
+    ):
+        self.config = config
+        self.planner = planner if planner is not None else StagePlanner(config)
+        if self.planner.config != config:
+            raise ValueError("the planner was built for another GraftConfig")
+        if config.retrieval == "tail" and matrix is None:
+            raise ValueError("graft-tail needs the successor matrix")
+        self.matrix = matrix
+
+    def stage_of(self, draft: ModelDraft) -> int | None:
+        """The stage whose split applies: the draft's pruning stage, the fixed one, or None (all draft)."""
+        if self.config.gated:
+            return draft.stage
+        return self.config.fixed
+
+    def build(self, drafts: Sequence[Draft], budget: int) -> DraftTree:
+        model_drafts = [d for d in drafts if isinstance(d, ModelDraft)]
+        assert len(model_drafts) == 1, f"Graft composes one draft-model draft, got {len(model_drafts)}"
+        envelopes = [d for d in drafts if isinstance(d, EnvelopeDraft)]
+        assert len(envelopes) <= 1, "Graft composes at most one retrieval envelope"
+        draft = model_drafts[0]
+        return self.compose(draft, envelopes[0] if envelopes else None, budget, self.stage_of(draft))
+
+    def compose(self, draft: ModelDraft, envelope: EnvelopeDraft | None, budget: int, stage: int | None) -> DraftTree:
+        """The tree for ``stage`` (None: the dense tree): kept draft nodes first, then retrieved ones."""
+        if stage is None:
+            return merge_drafts([trim(draft, budget)], budget)
+        plan = self.planner.plan(budget)
+        kept = trim(draft, plan.k_draft[stage])
+        retrieved, first_retrieved = None, 0
+        if self.config.retrieval == "root":
+            assert envelope is not None, f"{self.config.variant} needs the retrieval envelope (GraftRetrieval)"
+            retrieved = envelope_part(envelope, plan.stage_nodes[stage])
+        elif self.config.retrieval == "tail" and plan.k_ret[stage] > 0:
+            retrieved, first_retrieved = self.tail_part(kept, plan.stage_templates[stage])
+        if retrieved is None:
+            return merge_drafts([kept], budget)
+        tree = merge_drafts([kept, retrieved], budget)
+        return sample_and_match_where_retrieved(tree, retrieved, first_retrieved)
+
+    def tail_part(self, kept: Draft, template: RankTemplate) -> tuple[Draft, int]:
+        """The best draft path, then ``template`` filled from its last token and hung under it;
+        and the index of the first retrieved node (the path's nodes repeat draft nodes)."""
+        path = best_path(kept)
+        if not path:
+            return Draft(source=GraftRetrieval.name, tokens=[], parents=[]), 0
+        tail_token = kept.tokens[path[-1]]
+        toks, pars = self.matrix.fill_template(tail_token, template)
+        n = len(path)
+        draft = Draft(
+            source=GraftRetrieval.name,
+            tokens=[kept.tokens[i] for i in path] + toks,
+            parents=list(range(-1, n - 1)) + [p + n if p >= 0 else n - 1 for p in pars],
+        )
+        return draft, n
+
+
+__all__ = [
+    "BudgetPlan",
+    "EnvelopeDraft",
+    "GraftComposer",
+    "GraftConfig",
+    "GraftRetrieval",
+    "StagePlanner",
+    "VARIANTS",
+    "fill_rank_template",
+    "plan_budget",
+    "union_template",
+]

@@ -1,0 +1,363 @@
+"""The draft-model tree drafter (``draft-tree``): draft cache, EAGLE-2 shape, losslessness, sampling.
+
+Tiny fp32 models; the draft model is the target with its weights perturbed (so drafts are often,
+not always, right). Stubs (``TableLM``) stand in for the draft model where a test needs to set
+the draft distribution exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import Counter
+from typing import Callable, Sequence
+
+import pytest
+import torch
+
+from specgraft.composers.graft import GraftComposer, GraftConfig
+from specgraft.config import GenerationConfig, SamplingConfig
+from specgraft.drafters.draft_model import PRESETS, DraftLM, DraftModelDrafter, DraftTreeConfig, best_first, trim
+from specgraft.engine import SpecEngine
+from specgraft.methods_graft import GraftOptions, build_graft_method
+from specgraft.models.hf import HFTarget
+from specgraft.types import DraftTree, StepResult
+from specgraft.verify import verify_rejection
+
+from tests.conftest import TINY_MODELS, tiny_llama
+from tests.test_greedy_lossless import hf_greedy, make_prompts
+from tests.test_sampling_stats import PROMPT, SyntheticTarget, node_pairs, tv_bound
+
+MAX_NEW = 24
+N_PROMPTS = 20
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are dominated by thread hand-offs on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def perturbed(model: torch.nn.Module, scale: float = 0.1, seed: int = 7) -> torch.nn.Module:
+    """A draft model: ``model`` with Gaussian noise of ``scale`` x each tensor's std added."""
+    draft = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std() * scale)
+    return draft
+
+
+class TableLM:
+    """Draft-model stub: the logits of a row are ``fn(path)`` for the row's full token path."""
+
+    def __init__(self, fn: Callable[[tuple[int, ...]], torch.Tensor], vocab_size: int):
+        self.fn = fn
+        self.vocab_size = vocab_size
+        self.committed: list[int] = []
+        self.paths: list[tuple[int, ...]] = []
+        self.forwards = 0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.committed, self.paths = list(prompt[:-1]), []
+
+    def room(self, context: Sequence[int]) -> int:
+        return 1 << 20
+
+    def start(self, context: Sequence[int]) -> torch.Tensor:
+        self.forwards += 1
+        self.committed = list(context[:-1])
+        self.paths = [tuple(context)]
+        return self.fn(self.paths[0])
+
+    def expand(self, tokens: Sequence[int], parent_rows: Sequence[int]) -> torch.Tensor:
+        self.forwards += 1
+        new = [self.paths[r] + (int(t),) for t, r in zip(tokens, parent_rows, strict=True)]
+        self.paths += new
+        return torch.stack([self.fn(p) for p in new])
+
+    def commit(self, path_rows: Sequence[int]) -> None:
+        self.paths = []
+
+    def discard(self) -> None:
+        self.paths = []
+
+
+# ---- the draft model's cache --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_draft_lm_rows_equal_plain_forwards(arch):
+    model = TINY_MODELS[arch]()
+    lm = DraftLM(model)
+    prompt = [5, 7, 9, 11, 13]
+
+    def plain(tokens):
+        with torch.no_grad():
+            return model(torch.tensor([tokens])).logits[0, -1]
+
+    lm.begin(prompt)
+    torch.testing.assert_close(lm.start(prompt), plain(prompt))
+    rows = lm.expand([20, 21], [0, 0])
+    torch.testing.assert_close(rows[1], plain(prompt + [21]))
+    rows = lm.expand([30, 31], [2, 1])
+    torch.testing.assert_close(rows[0], plain(prompt + [21, 30]))
+    torch.testing.assert_close(rows[1], plain(prompt + [20, 31]))
+    lm.commit([2, 3])  # root 13, then 21, 30 accepted
+    assert lm.committed == prompt + [21, 30] and lm.hf.past_len == 7
+    # the next root comes with two accepted tokens the draft never fed: caught up in one forward
+    ctx = prompt + [21, 30, 40, 41, 42]
+    torch.testing.assert_close(lm.start(ctx), plain(ctx))
+    assert lm.committed == ctx[:-1]
+    # a context that does not continue the cached one starts over
+    other = [9, 9, 9]
+    torch.testing.assert_close(lm.start(other), plain(other))
+    assert lm.committed == [9, 9]
+
+
+def test_draft_cache_stays_in_step_with_the_target():
+    """After a generation the draft cache equals a fresh prefill of the committed tokens."""
+    model = tiny_llama()
+    draft = perturbed(model)
+    drafter = DraftModelDrafter(draft, DraftTreeConfig(depth=3, top_k=3), target_vocab=96)
+    engine = SpecEngine(HFTarget(model), [drafter], GraftComposer(GraftConfig(variant="draft-tree")))
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    out = engine.generate_ids(prompt, GenerationConfig(max_new_tokens=30, budget=12))
+    assert engine.last_stats.mat > 1.5, "drafts must be accepted for this test to mean anything"
+    lm = drafter.lm
+    context = prompt + out
+    assert len(prompt) <= len(lm.committed) < len(context) and lm.committed == context[: len(lm.committed)]
+    fresh = HFTarget(draft)
+    fresh.prefill(lm.committed)
+    for got, want in zip(lm.hf.cache.layers, fresh.cache.layers, strict=True):
+        torch.testing.assert_close(got.keys, want.keys)
+        torch.testing.assert_close(got.values, want.values)
+
+
+# ---- the tree's shape ---------------------------------------------------------------------
+
+
+def docstring_table(path: tuple[int, ...]) -> torch.Tensor:
+    """The module docstring's example over tokens r=0, a=1, b=2, c=3, d=4, e=5, f=6 (+ filler 7)."""
+    rows = {0: {1: 0.6, 2: 0.3}, 1: {3: 0.5, 4: 0.4}, 2: {5: 0.9, 6: 0.05}}
+    probs = torch.full((8,), 1e-6)
+    for tok, p in rows.get(path[-1], {7: 1.0}).items():
+        probs[tok] = p
+    return probs.log()
+
+
+def test_eagle2_tree_matches_the_docstring_example():
+    lm = TableLM(docstring_table, 8)
+    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=2))
+    drafter.begin([0], None)
+    pool = drafter.draft_pool([0])
+    assert lm.forwards == 2, "one draft forward per depth"
+    assert pool.tokens == [1, 2, 3, 4, 5, 6] and pool.parents == [-1, -1, 0, 0, 1, 1] and pool.layer_sizes == [2, 4]
+    draft = drafter.propose([0], budget=4)
+    assert draft.tokens == [1, 2, 3, 5] and draft.parents == [-1, -1, 0, 1]
+    assert draft.draft_probs is None, "deterministic top-k children carry no draft_probs"
+
+
+def test_best_first_keeps_parents_and_trim_of_sampled_drafts_keeps_prefixes():
+    parents = [-1, -1, 0, 0, 1, 2]
+    scores = [-1.0, -0.1, -1.1, -5.0, -0.2, -1.2]
+    assert best_first(parents, scores, 4) == [0, 1, 2, 4]
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 12)
+        par = [rng.randint(-1, i - 1) for i in range(n)]
+        sc = [rng.uniform(-3, 0) for _ in range(n)]
+        for i, p in enumerate(par):  # path scores never increase downwards
+            if p >= 0:
+                sc[i] = min(sc[i], sc[p])
+        kept = best_first(par, sc, rng.randint(0, n))
+        assert all(par[i] in kept or par[i] < 0 for i in kept)
+        by_score = sorted(range(n), key=lambda i: (-sc[i], i))[: len(kept)]
+        assert sorted(by_score) == kept
+
+
+def test_gates_stop_drafting():
+    # every row puts 0.5 on one token: c_0 = 0.5, c_1 = 0.25, c_2 = 0.125
+    lm = TableLM(peaked_table(0.5, vocab=64), 64)
+    for thresholds, stage, forwards in [((0.6, 0.0, 0.0), 0, 1), ((0.4, 0.3, 0.0), 1, 2), ((0.4, 0.2, 0.2), 2, 3), ((0.4, 0.2, 0.1), None, 4)]:
+        drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=4, top_k=3, checkpoints=(0, 1, 2), thresholds=thresholds))
+        drafter.begin([1, 2], None)
+        lm.forwards = 0
+        draft = drafter.draft_pool([1, 2])
+        assert draft.stage == stage and lm.forwards == forwards
+        assert len(draft.layer_sizes) == forwards
+        assert draft.confidences == pytest.approx([0.5, 0.25, 0.125][: len(draft.confidences)])
+
+
+def peaked_table(peak: float, vocab: int, low: int = 0, high: int | None = None) -> Callable[[tuple[int, ...]], torch.Tensor]:
+    """Logits of a row: ``peak`` on one token of ``[low, high)``, the rest on a few others, all
+    chosen by a hash of the row's last three tokens (so different rows differ)."""
+    high = vocab if high is None else high
+
+    def fn(path: tuple[int, ...]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(hash(path[-3:]) % (1 << 31))
+        perm = torch.randperm(high - low, generator=g)[:16] + low
+        probs = torch.zeros(vocab, dtype=torch.float64)
+        probs[perm[0]] = peak
+        rest = torch.tensor([0.5**i for i in range(1, 16)], dtype=torch.float64)
+        probs[perm[1:]] = (1 - peak) * rest / rest.sum()
+        return probs.log().float()
+
+    return fn
+
+
+def test_vocabulary_mismatch_is_a_clear_error():
+    draft = tiny_llama(vocab=80)
+    with pytest.raises(ValueError, match="vocabulary has 80 tokens but the target's has 96"):
+        DraftModelDrafter(draft, target_vocab=96)
+    with pytest.raises(ValueError, match="vocabulary"):
+        build_graft_method("draft-tree", 96, GraftOptions(), draft_model=draft)
+
+
+def test_presets_and_config_validation():
+    assert (PRESETS["gpu"].depth, PRESETS["gpu"].top_k, PRESETS["gpu"].budget, PRESETS["gpu"].checkpoints) == (8, 10, 60, (0, 1, 5))
+    assert PRESETS["cpu"].checkpoints[-1] < PRESETS["cpu"].depth - 1, "the last forward never saves anything by stopping"
+    with pytest.raises(ValueError, match="checkpoint 4 needs depth > 4"):
+        DraftTreeConfig(depth=4, checkpoints=(0, 4))
+    with pytest.raises(ValueError, match="2 thresholds for 3 checkpoints"):
+        DraftTreeConfig(depth=8, checkpoints=(0, 1, 5), thresholds=(0.1, 0.2))
+    with pytest.raises(ValueError, match="unknown draft preset"):
+        GraftOptions(preset="tpu")
+
+
+# ---- losslessness -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_draft_tree_greedy_equals_plain_decoding(arch):
+    model = TINY_MODELS[arch]()
+    draft = perturbed(model)
+    vocab = model.config.vocab_size
+    drafters, composer = build_graft_method("draft-tree", vocab, GraftOptions(), draft_model=draft)
+    engine = SpecEngine(HFTarget(model), drafters, composer, method="draft-tree")
+    config = GenerationConfig(max_new_tokens=MAX_NEW, budget=16)
+    mats = []
+    for prompt, _ in make_prompts(N_PROMPTS, vocab):
+        got = engine.generate_ids(prompt, config)
+        assert got == hf_greedy(model, prompt, MAX_NEW), f"{arch}/draft-tree diverged from plain greedy on {prompt}"
+        mats.append(engine.last_stats.mat)
+    assert sum(mats) / len(mats) > 1.8, f"{arch}: mean MAT {sum(mats) / len(mats):.2f}; drafts were not accepted"
+
+
+# ---- sampling -----------------------------------------------------------------------------
+
+
+def test_sampled_drafts_carry_their_distribution_and_are_seeded():
+    model = tiny_llama()
+    draft = perturbed(model)
+    options = GraftOptions(sample_drafts=True, seed=3)
+    drafters, composer = build_graft_method("draft-tree", 96, options, draft_model=draft)
+    drafter = drafters[0]
+    drafter.begin([4, 5, 6], None)
+    d = drafter.propose([4, 5, 6], budget=12)
+    assert d.scores is None and d.draft_probs is not None and d.draft_probs.shape == (len(d), 96)
+    for i, p in enumerate(d.parents):
+        assert float(d.draft_probs[i, d.tokens[i]]) > 0
+        siblings = [j for j, q in enumerate(d.parents) if q == p]
+        assert all(torch.equal(d.draft_probs[j], d.draft_probs[i]) for j in siblings), "siblings share one q row"
+    assert torch.allclose(d.draft_probs.sum(-1), torch.ones(len(d)), atol=1e-4)
+
+    engine = SpecEngine(HFTarget(model), drafters, composer, method="draft-tree")
+    config = GenerationConfig(max_new_tokens=20, budget=12, sampling=SamplingConfig(temperature=1.0, seed=11))
+    prompt = [5, 6, 7, 5, 6, 7, 5]
+    first = engine.generate_ids(prompt, config)
+    assert engine.generate_ids(prompt, config) == first, "same seeds, same output"
+    assert engine.last_stats.steps < 20, "rejection sampling must accept some sampled draft nodes"
+
+
+def random_table(vocab: int, seed: int) -> Callable[[tuple[int, ...]], torch.Tensor]:
+    """Draft logits: a fixed random function of the last two tokens (like SyntheticTarget's)."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(vocab, vocab, vocab, generator=g) * 1.5
+    return lambda path: table[path[-2], path[-1]]
+
+
+def sample_sequences(target: SyntheticTarget, make_tree, n: int, length: int, seed: int) -> tuple[Counter, float]:
+    """``n`` speculative generations of ``length`` tokens with ``verify_rejection``; (counts, tokens/step).
+
+    ``make_tree(context) -> (DraftTree, observers)``; every observer sees each step.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    counts: Counter = Counter()
+    steps = 0
+    for _ in range(n):
+        out = list(PROMPT)
+        while len(out) - len(PROMPT) < length:
+            tree, observers = make_tree(out)
+            root = (out[-2], out[-1])
+            logits = target.rows(node_pairs(root, tree.tokens, tree.parents))
+            result = verify_rejection(tree, logits, target.sampling, gen)
+            step = StepResult(root_token=out[-1], tree=tree, verify=result, logits=logits, context=out)
+            out += step.new_tokens
+            for o in observers:
+                o.observe(step)
+            steps += 1
+        counts[tuple(out[len(PROMPT) : len(PROMPT) + length])] += 1
+    return counts, n * length / steps
+
+
+def total_variation(counts: Counter, law: dict, n: int) -> float:
+    assert set(counts) <= set(law)
+    return 0.5 * sum(abs(counts[s] / n - p) for s, p in law.items())
+
+
+N_STAT = 3000
+
+
+def test_sampled_draft_tree_matches_target_law():
+    """Statistical losslessness of rejection sampling over the drafter's sampled trees (bound as
+    in ``test_sampling_stats.py``): depth 2, budget cuts, a V = 4 synthetic target."""
+    target = SyntheticTarget(SamplingConfig(temperature=1.0), seed=2)
+    law = target.exact_law()
+    lm = TableLM(random_table(4, seed=5), 4)
+    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=3, sample=True, seed=1))
+    drafter.begin(list(PROMPT), None)
+
+    def make_tree(context):
+        d = drafter.propose(context, budget=5)
+        return DraftTree(tokens=d.tokens, parents=d.parents, sources=["draft"] * len(d), draft_probs=d.draft_probs), [drafter]
+
+    counts, per_step = sample_sequences(target, make_tree, N_STAT, 3, seed=4)
+    tv, bound = total_variation(counts, law, N_STAT), tv_bound(law, N_STAT)
+    assert per_step > 1.3, f"sampled drafts must be accepted often ({per_step:.2f} tokens/step)"
+    assert tv <= bound, f"TV {tv:.4f} exceeds the derived bound {bound:.4f}"
+
+
+def test_value_dependent_cut_of_sampled_children_is_caught():
+    """Negative control: keeping sampled children by their own scores (instead of a prefix)
+    biases rejection sampling, and the same bound catches it."""
+    target = SyntheticTarget(SamplingConfig(temperature=1.0), seed=2)
+    law = target.exact_law()
+    lm = TableLM(random_table(4, seed=5), 4)
+    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=1, top_k=4, sample=True, seed=1))
+    drafter.begin(list(PROMPT), None)
+
+    def make_tree(context):
+        pool = drafter.propose(context, budget=1 << 10)
+        log_q = [float(pool.draft_probs[i, t].log()) for i, t in enumerate(pool.tokens)]
+        # WRONG: keep the single most likely sampled child
+        keep = best_first(pool.parents, log_q, 1)
+        d = pool.subset(keep)
+        return DraftTree(tokens=d.tokens, parents=d.parents, sources=["draft"] * len(d), draft_probs=d.draft_probs), [drafter]
+
+    counts, _ = sample_sequences(target, make_tree, N_STAT, 3, seed=4)
+    tv, bound = total_variation(counts, law, N_STAT), tv_bound(law, N_STAT)
+    assert tv > bound, f"a biased cut passed (TV {tv:.4f} <= bound {bound:.4f}); the test has no teeth"
+
+
+def test_trim_keeps_prefixes_of_sampled_children():
+    lm = TableLM(random_table(4, seed=5), 4)
+    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=3, top_k=3, sample=True))
+    drafter.begin([0, 1], None)
+    pool = drafter.draft_pool([0, 1])
+    for n in range(len(pool) + 1):
+        kept = trim(pool, n)
+        assert kept.tokens == pool.tokens[:n] and kept.parents == pool.parents[:n]

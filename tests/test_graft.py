@@ -1,0 +1,463 @@
+"""Graft and its ablation variants: stage splits, templates, losslessness, calibration, registry.
+
+Tiny fp32 models (the draft model is a perturbed copy of the target); ``TableLM`` stubs set
+draft confidences exactly where a test needs a given pruning stage.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+import pytest
+import torch
+
+import specgraft.composers.graft as graft_module
+from specgraft.calibrate import (
+    CALIBRATED_VARIANTS,
+    Calibration,
+    choose_thresholds,
+    load_calibration,
+    run_calibration,
+    save_calibration,
+)
+from specgraft.composers.graft import (
+    VARIANTS,
+    GraftComposer,
+    GraftConfig,
+    GraftRetrieval,
+    StagePlanner,
+    envelope_part,
+    plan_budget,
+    sample_and_match_where_retrieved,
+)
+from specgraft.config import GenerationConfig, SamplingConfig
+from specgraft.drafters.draft_model import PRESETS, DraftModelDrafter, DraftTreeConfig, ModelDraft
+from specgraft.drafters.recycling import SuccessorMatrix
+from specgraft.engine import SpecEngine
+from specgraft.methods_graft import GRAFT_METHODS, GraftOptions, build_graft_method, register_graft_methods
+from specgraft.models.hf import HFTarget
+from specgraft.tree.build import merge_drafts
+from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, rank_template
+from specgraft.types import Draft
+
+from tests.conftest import TINY_MODELS, tiny_llama, tiny_tokenizer
+from tests.test_draft_tree import TableLM, peaked_table, perturbed, random_table, sample_sequences, total_variation
+from tests.test_greedy_lossless import hf_greedy, make_prompts
+from tests.test_sampling_stats import PROMPT, SyntheticTarget, tv_bound
+
+MAX_NEW = 24
+N_PROMPTS = 20
+GRAFT_ONLY = [v for v in VARIANTS if v != "draft-tree"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are dominated by thread hand-offs on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class StageRecorder:
+    """Wraps a drafter and counts the pruning stage of each draft it proposes."""
+
+    def __init__(self, inner: DraftModelDrafter):
+        self.inner = inner
+        self.name = inner.name
+        self.needs_hidden = inner.needs_hidden
+        self.stages: Counter = Counter()
+
+    def begin(self, prompt, prefill_topk) -> None:
+        self.inner.begin(prompt, prefill_topk)
+
+    def prefill_topk_k(self) -> int:
+        return self.inner.prefill_topk_k()
+
+    def propose(self, context, budget):
+        draft = self.inner.propose(context, budget)
+        self.stages[draft.stage] += 1
+        return draft
+
+    def observe(self, step) -> None:
+        self.inner.observe(step)
+
+
+# ---- templates and stage splits -----------------------------------------------------------
+
+
+def test_templates_have_table7_depth_counts():
+    plan = plan_budget(GraftConfig(), 60)
+    assert plan.k_draft == (8, 24, 40) and plan.k_ret == (52, 36, 20)
+    for template, name in zip(plan.stage_templates, ("d0", "d1", "d5"), strict=True):
+        assert template.depth_counts() == list(STAGE_TEMPLATES[name])
+    full = rank_template(FULL_ENVELOPE, 8)
+    assert full.depth_counts() == [8, 16, 14, 11, 8, 7, 6, 5, 5] and len(full) == 80
+    # the envelope holds the full template and every stage template
+    envelope = set(plan.envelope.rank_paths)
+    assert set(full.rank_paths) <= envelope
+    for template, nodes in zip(plan.stage_templates, plan.stage_nodes, strict=True):
+        assert [plan.envelope.rank_paths[i] for i in nodes] == template.rank_paths
+    # scaled budgets keep the split exact
+    for budget in (8, 16, 24, 32):
+        plan = plan_budget(GraftConfig(), budget)
+        assert [len(t) for t in plan.stage_templates] == list(plan.k_ret)
+        assert all(kd + kr == budget for kd, kr in zip(plan.k_draft, plan.k_ret, strict=True))
+
+
+def test_envelope_part_equals_filling_the_stage_template():
+    """Filling the envelope once and taking the stage's part == filling the stage template."""
+    rng = np.random.default_rng(0)
+    matrix = SuccessorMatrix(50, k=8)
+    matrix.table[:] = rng.integers(0, 50, size=(50, 8))
+    matrix.table[rng.choice(50, 10, replace=False)] = -1  # unknown rows drop their sub-trees
+    planner = StagePlanner(GraftConfig())
+    retrieval = GraftRetrieval(50, planner, matrix)
+    for budget in (24, 60):
+        plan = planner.plan(budget)
+        for root in range(50):
+            envelope = retrieval.propose([root], budget)
+            for stage, template in enumerate(plan.stage_templates):
+                part = envelope_part(envelope, plan.stage_nodes[stage])
+                toks, pars = matrix.fill_template(root, template)
+                assert paths(part.tokens, part.parents) == paths(toks, pars)
+
+
+def paths(tokens: Sequence[int], parents: Sequence[int]) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = []
+    for t, p in zip(tokens, parents, strict=True):
+        out.append((out[p] if p >= 0 else ()) + (t,))
+    return sorted(out)
+
+
+STUB_VOCAB = 4096
+
+
+def stub_method(variant: str, preset: str, thresholds):
+    """Drafters and composer over a stub draft model whose every row puts 0.5 on its top token
+    (so ``c_d = 0.5 ** (d + 1)``), drafting tokens below 2048, with a matrix of tokens >= 2048:
+    retrieved nodes never coincide with draft nodes, so the counts below are exact."""
+    lm = TableLM(peaked_table(0.5, STUB_VOCAB, 0, 2048), STUB_VOCAB)
+    options = GraftOptions(preset=preset, thresholds=thresholds)
+    drafters, composer = build_graft_method(variant, STUB_VOCAB, options, draft_model=lm)
+    matrix = composer.matrix
+    matrix.table[:] = 2048 + (np.arange(STUB_VOCAB)[:, None] * 8 + np.arange(8)) % 2048
+    return drafters, composer
+
+
+@pytest.mark.parametrize("preset", ["gpu", "cpu"])
+def test_each_stage_yields_its_split(preset):
+    budget = PRESETS[preset].budget
+    c = [0.5 ** (d + 1) for d in PRESETS[preset].checkpoints]
+    # thresholds that stop at checkpoint 0, 1, 2, or never
+    gates = {0: (0.6, 0.0, 0.0), 1: (c[0] - 0.01, c[1] + 0.01, 0.0), 2: (c[0] - 0.01, c[1] - 0.01, c[2] + 0.001), None: (0.0, 0.0, 0.0)}
+    plan = plan_budget(GraftConfig(), budget)
+    context = [3, 1, 4, 1, 5]
+    for variant in VARIANTS:
+        for want_stage, thresholds in gates.items():
+            drafters, composer = stub_method(variant, preset, thresholds)
+            for d in drafters:
+                d.begin(context, None)
+            drafts = [d.propose(context, budget) for d in drafters]
+            tree = composer.build(drafts, budget)
+            split = Counter(tree.sources)
+            stage = {"graft-fixed": 1, "graft-root": 2, "graft-tail": 2}.get(variant, want_stage if variant in ("graft", "graft-prune") else None)
+            if stage is None:
+                want = {"draft": budget}
+            elif variant == "graft-prune":
+                want = {"draft": plan.k_draft[stage]}
+            else:
+                want = {"draft": plan.k_draft[stage], "retrieval": plan.k_ret[stage]}
+            assert dict(split) == want, f"{preset}/{variant} at stage {want_stage}: {dict(split)} != {want}"
+            assert len(tree) <= budget
+            if variant == "graft-tail" and stage is not None:
+                # retrieved nodes hang below the end of the best draft path, none at the root
+                assert all(tree.sources[p] == "draft" or tree.sources[i] == "retrieval" for i, p in enumerate(tree.parents) if p >= 0)
+                assert all(tree.sources[i] == "draft" for i, p in enumerate(tree.parents) if p < 0)
+
+
+# ---- losslessness -------------------------------------------------------------------------
+
+
+def median_confidences(draft_model, prompts, temperature: float) -> tuple[float, ...]:
+    """Median ``c_d`` at the cpu preset's checkpoints: thresholds that make every stage occur."""
+    drafter = DraftModelDrafter(draft_model, DraftTreeConfig(depth=3, top_k=4, checkpoints=PRESETS["cpu"].checkpoints, temperature=temperature))
+    conf = []
+    for prompt, _ in prompts:
+        drafter.begin(prompt, None)
+        conf.append(drafter.draft_pool(prompt).confidences)
+    return tuple(float(x) for x in np.median(np.array(conf), axis=0))
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_graft_variants_greedy_equal_plain_decoding(arch):
+    model = TINY_MODELS[arch]()
+    draft = perturbed(model)
+    vocab = model.config.vocab_size
+    prompts = make_prompts(N_PROMPTS, vocab)
+    references = [hf_greedy(model, p, MAX_NEW) for p, _ in prompts]
+    # a sharpened draft distribution spreads the tiny models' confidences over (0, 1)
+    temperature = 0.1
+    thresholds = median_confidences(draft, prompts, temperature)
+    config = GenerationConfig(max_new_tokens=MAX_NEW, budget=16)
+    for variant in GRAFT_ONLY:
+        options = GraftOptions(depth=3, top_k=4, thresholds=thresholds, draft_temperature=temperature)
+        drafters, composer = build_graft_method(variant, vocab, options, draft_model=draft)
+        recorder = StageRecorder(drafters[0])
+        engine = SpecEngine(HFTarget(model), [recorder, *drafters[1:]], composer, method=variant)
+        mats = []
+        accepted = Counter()
+        for (prompt, _), reference in zip(prompts, references, strict=True):
+            got = engine.generate_ids(prompt, config)
+            assert got == reference, f"{arch}/{variant} diverged from plain greedy on {prompt}"
+            mats.append(engine.last_stats.mat)
+            accepted.update(engine.last_stats.accepted_by_source)
+        assert sum(mats) / len(mats) > 1.5, f"{arch}/{variant}: mean MAT {sum(mats) / len(mats):.2f}; drafts were not accepted"
+        assert accepted["draft"] > 0
+        if variant != "graft-prune":
+            assert accepted["retrieval"] > 0, f"{arch}/{variant}: no retrieved node was ever accepted"
+        if variant in ("graft", "graft-prune"):
+            assert len(recorder.stages) >= 3, f"{arch}/{variant}: stages {dict(recorder.stages)}; the gates must vary"
+
+
+def test_graft_sampling_is_seeded_and_uses_rejection():
+    model = tiny_llama()
+    draft = perturbed(model)
+    options = GraftOptions(sample_drafts=True, thresholds=(0.02, 0.001, 0.0), seed=5)
+    config = GenerationConfig(max_new_tokens=20, budget=16, sampling=SamplingConfig(temperature=1.0, seed=2))
+    prompt = [7, 8, 9, 7, 8, 9, 7, 8]
+    outputs = []
+    for _ in range(2):
+        # fresh methods: the successor matrix keeps learning across generations of one method
+        drafters, composer = build_graft_method("graft", 96, options, draft_model=draft)
+        engine = SpecEngine(HFTarget(model), drafters, composer, method="graft")
+        outputs.append(engine.generate_ids(prompt, config))
+    assert outputs[0] == outputs[1], "same seeds and state, same output"
+    drafts = [d.propose(prompt, 16) for d in drafters]
+    tree = composer.build(drafts, 16)
+    assert tree.draft_probs is not None
+    retrieved = [i for i, s in enumerate(tree.sources) if s == "retrieval"]
+    assert retrieved and all(bool(torch.isnan(tree.draft_probs[i]).all()) for i in retrieved), "retrieved nodes: NaN rows"
+
+
+def test_parents_of_retrieved_nodes_fall_back_to_sample_and_match():
+    q = torch.tensor([0.5, 0.2, 0.2, 0.1])
+    sampled = ModelDraft(source="draft", tokens=[0, 1, 2], parents=[-1, -1, 0], draft_probs=torch.stack([q, q, q]))
+    # a retrieved root child that repeats a sampled one, and a new child under node 1
+    retrieved = Draft(source="retrieval", tokens=[1, 3], parents=[-1, 0])
+    tree = sample_and_match_where_retrieved(merge_drafts([sampled, retrieved], 8), retrieved)
+    assert tree.tokens == [0, 1, 2, 3] and tree.parents == [-1, -1, 0, 1]
+    nan = [bool(torch.isnan(r).all()) for r in tree.draft_probs]
+    assert nan == [True, True, False, True], "root children and node 1's child: sample-and-match; node 0's child keeps q"
+    # TAIL: the path that leads to the retrieved nodes changes nothing above them
+    tail = Draft(source="retrieval", tokens=[0, 2, 3], parents=[-1, 0, 1])
+    tree = sample_and_match_where_retrieved(merge_drafts([sampled, tail], 8), tail, first=2)
+    assert [bool(torch.isnan(r).all()) for r in tree.draft_probs] == [False, False, False, True]
+
+
+N_STAT = 3000
+
+
+def graft_sampling_tv() -> tuple[float, float, float, Counter]:
+    """Sampled drafts pruned at a root checkpoint, cut to the stage's share and merged with
+    retrieved nodes, verified by rejection sampling against a V = 4 synthetic target:
+    (TV, bound, tokens per step, stages seen)."""
+    target = SyntheticTarget(SamplingConfig(temperature=1.0), seed=3)
+    law = target.exact_law()
+    lm = TableLM(random_table(4, seed=6), 4)
+    # c_0 varies with the context, so the root gate sometimes stops drafting
+    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=3, checkpoints=(0,), thresholds=(0.55,), sample=True, seed=2))
+    config = GraftConfig(variant="graft", k=3)
+    planner = StagePlanner(config)
+    retrieval = GraftRetrieval(4, planner, SuccessorMatrix(4, k=3))
+    composer = GraftComposer(config, planner, retrieval.matrix)
+    drafter.begin(list(PROMPT), None)
+    retrieval.begin(list(PROMPT), None)
+    stages = Counter()
+
+    def make_tree(context):
+        drafts = [drafter.propose(context, 6), retrieval.propose(context, 6)]
+        stages[drafts[0].stage] += 1
+        return composer.build(drafts, 6), [drafter, retrieval]
+
+    counts, per_step = sample_sequences(target, make_tree, N_STAT, 3, seed=8)
+    return total_variation(counts, law, N_STAT), tv_bound(law, N_STAT), per_step, stages
+
+
+def test_sampled_graft_tree_matches_target_law():
+    tv, bound, per_step, stages = graft_sampling_tv()
+    assert len(stages) == 2, f"both the pruned and the full draft must occur, got {dict(stages)}"
+    assert per_step > 1.3, f"trees must be accepted often ({per_step:.2f} tokens/step)"
+    assert tv <= bound, f"TV {tv:.4f} exceeds the derived bound {bound:.4f}"
+
+
+def test_rejection_where_retrieval_merged_into_samples_is_caught(monkeypatch):
+    """Negative control: leaving rejection sampling on at parents where a retrieved node was
+    merged into a sampled one (so the rule depends on the sampled values) is biased, and the
+    same bound catches it."""
+    monkeypatch.setattr(graft_module, "sample_and_match_where_retrieved", lambda tree, retrieved, first=0: tree)
+    tv, bound, _, _ = graft_sampling_tv()
+    assert tv > bound, f"a biased rule passed (TV {tv:.4f} <= bound {bound:.4f}); the test has no teeth"
+
+
+# ---- calibration --------------------------------------------------------------------------
+
+
+def test_choose_thresholds_prunes_only_when_it_pays():
+    conf = np.array([[0.1], [0.2], [0.8], [0.9]])
+    # pruning at the root loses nothing on low-confidence steps and saves 3 of 4 draft forwards
+    accepted = np.array([[0, 0], [0, 0], [1, 3], [1, 3]])
+    choice = choose_thresholds(conf, accepted, [1, 4], t_verify=1.0, t_draft=0.4)
+    assert choice.thresholds == (0.2,) and choice.stage_share == (0.5, 0.5)
+    assert choice.tokens_per_s > choice.dense_tokens_per_s
+    # free drafting: never prune
+    choice = choose_thresholds(conf, accepted, [1, 4], t_verify=1.0, t_draft=0.0)
+    assert choice.thresholds == (0.0,) and choice.stage_share == (0.0, 1.0)
+
+
+def make_calibration(vocab: int = 96) -> Calibration:
+    matrix = SuccessorMatrix(vocab, k=8)
+    matrix.table[:] = np.random.default_rng(1).integers(0, vocab, size=(vocab, 8))
+    return Calibration(
+        checkpoints=PRESETS["cpu"].checkpoints,
+        thresholds={"graft": (0.1, 0.2, 0.3), "graft-prune": (0.0, 0.05, 0.5)},
+        matrix=matrix,
+        draft={"depth": 4, "top_k": 6, "budget": 24},
+        costs={"draft_forward_s": 0.01, "verify_s": 0.03},
+        meta={"model": "tiny"},
+    )
+
+
+def test_calibration_round_trip_and_use(tmp_path):
+    cal = make_calibration()
+    path = save_calibration(cal, tmp_path / "calib.json")
+    assert path.with_suffix(".npz").is_file()
+    loaded = load_calibration(path, vocab_size=96)
+    assert loaded.thresholds == cal.thresholds and loaded.checkpoints == cal.checkpoints
+    assert np.array_equal(loaded.matrix.table, cal.matrix.table) and loaded.matrix.k == 8
+    assert loaded.costs == cal.costs and loaded.draft == cal.draft and loaded.meta == cal.meta
+    # a method built from the file uses its thresholds and its matrix
+    draft = tiny_llama()
+    for variant in ("graft", "graft-prune"):
+        drafters, composer = build_graft_method(variant, 96, GraftOptions(calibration=str(path)), draft_model=draft)
+        assert drafters[0].config.thresholds == cal.thresholds[variant]
+    assert np.array_equal(composer.matrix.table, cal.matrix.table)
+    drafters, _ = build_graft_method("graft", 96, GraftOptions(calibration=str(path), thresholds=(0.5, 0.5, 0.5)), draft_model=draft)
+    assert drafters[0].config.thresholds == (0.5, 0.5, 0.5)
+
+
+def test_calibration_file_errors(tmp_path):
+    draft = tiny_llama()
+    with pytest.raises(ValueError, match="does not exist"):
+        build_graft_method("graft", 96, GraftOptions(calibration=str(tmp_path / "missing.json")), draft_model=draft)
+    path = save_calibration(make_calibration(), tmp_path / "c.json")
+    with pytest.raises(ValueError, match="vocabulary is 90"):
+        load_calibration(path, vocab_size=90)
+    with pytest.raises(ValueError, match="made for checkpoints"):
+        build_graft_method("graft", 96, GraftOptions(calibration=str(path), preset="gpu"), draft_model=draft)
+    with pytest.raises(ValueError, match=r"\.json name"):
+        save_calibration(make_calibration(), tmp_path / "c.npz")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_calibration(bad)
+    bad.write_text(json.dumps({"thresholds": {}}))
+    with pytest.raises(ValueError, match="not a specgraft Graft calibration file"):
+        load_calibration(bad)
+    data = json.loads(path.read_text())
+    data["thresholds"]["graft"] = [0.1]
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="must be 3 values"):
+        load_calibration(bad)
+    path.with_suffix(".npz").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="unreadable"):
+        load_calibration(path)
+    path.with_suffix(".npz").unlink()
+    with pytest.raises(ValueError, match="does not exist"):
+        load_calibration(path)
+
+
+def corpus_records(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        unit = " ".join(f"w{t}" for t in rng.integers(3, 96, size=rng.integers(2, 5)))
+        out.append((f"w{rng.integers(3, 96)} w{rng.integers(3, 96)}", " ".join([unit] * 6)))
+    return out
+
+
+def test_run_calibration_end_to_end(tmp_path):
+    model = tiny_llama()
+    draft = perturbed(model)
+    tokenizer = tiny_tokenizer()
+    target = HFTarget(model)
+    records = corpus_records(8)
+    prompts = [tokenizer(p + " " + r[:20])["input_ids"] for p, r in records[6:]]
+    checkpoints = PRESETS["cpu"].checkpoints
+    cal = run_calibration(
+        target, draft, tokenizer, records[:6], prompts, depth=3, top_k=3, checkpoints=checkpoints, budget=10,
+        max_new_tokens=12, progress=False,
+    )
+    assert set(cal.thresholds) == set(CALIBRATED_VARIANTS) and all(len(t) == len(checkpoints) for t in cal.thresholds.values())
+    assert cal.report["steps"] >= 2 and cal.costs["draft_forward_s"] > 0 and cal.costs["verify_s"] > 0
+    assert (cal.matrix.table[:, 0] >= 0).sum() > 10, "the warm-up must fill matrix rows"
+    path = save_calibration(cal, tmp_path / "tiny.json")
+    # a method built from the file stays lossless
+    drafters, composer = build_graft_method("graft", 96, GraftOptions(calibration=str(path), depth=3, top_k=3), draft_model=draft)
+    assert drafters[0].config.thresholds == cal.thresholds["graft"]
+    engine = SpecEngine(target, drafters, composer, method="graft")
+    prompt = prompts[0]
+    assert engine.generate_ids(prompt, GenerationConfig(max_new_tokens=16, budget=10)) == hf_greedy(model, prompt, 16)
+
+
+def test_calibrate_command(tmp_path, tiny_model_dir):
+    import typer
+    from typer.testing import CliRunner
+
+    from specgraft.calibrate_cli import calibrate
+
+    app = typer.Typer()
+    app.command()(calibrate)
+    app.command("noop")(lambda: None)  # a second command keeps `calibrate` a named subcommand
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"turns": [p], "response": r}) + "\n" for p, r in corpus_records(5)))
+    out = tmp_path / "calib.json"
+    args = ["calibrate", "--model", tiny_model_dir, "--draft-model", tiny_model_dir, "--corpus", str(corpus), "--out", str(out),
+            "--prompts", "2", "--max-new-tokens", "8", "--budget", "10", "--dtype", "float32"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    cal = load_calibration(out, vocab_size=96)
+    assert cal.meta["draft_model"] == tiny_model_dir and cal.checkpoints == PRESETS["cpu"].checkpoints
+    result = CliRunner().invoke(app, [*args[:-8], "--method", "draft-tree"])
+    assert isinstance(result.exception, ValueError) and "calibration is for graft or graft-prune" in str(result.exception)
+
+
+# ---- the registry -------------------------------------------------------------------------
+
+
+def test_registry_entries_build_from_method_options(tiny_model_dir):
+    methods: dict = {}
+    register_graft_methods(methods)
+    assert sorted(methods) == sorted(GRAFT_METHODS) == sorted(VARIANTS)
+    # MethodOptions gains `graft: GraftOptions`; any object with that attribute works here
+    options = types.SimpleNamespace(graft=GraftOptions(draft_model=tiny_model_dir, draft_dtype="float32"))
+    model = tiny_llama()
+    drafters, composer = methods["graft"].build(96, options)
+    again, _ = methods["graft-tail"].build(96, options)
+    assert drafters[0].lm.hf.model is again[0].lm.hf.model, "decoders alive together share the loaded draft model"
+    engine = SpecEngine(HFTarget(model), drafters, composer, method="graft")
+    prompt = [5, 6, 7, 5, 6, 7]
+    assert engine.generate_ids(prompt, GenerationConfig(max_new_tokens=12, budget=16)) == hf_greedy(model, prompt, 12)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        methods["draft-tree"].build(96, types.SimpleNamespace(graft=GraftOptions()))
+
+
+def test_variant_names_are_validated():
+    with pytest.raises(ValueError, match="unknown Graft variant"):
+        GraftConfig(variant="graft-everything")
+    with pytest.raises(ValueError, match="unknown Graft variant"):
+        build_graft_method("graft-everything", 96, GraftOptions(), draft_model=tiny_llama())
