@@ -1,12 +1,32 @@
 """Faster CPU kernels, wrapped around plain modules (the model code never knows).
 
-On CPUs where MKL's small-M fp32 GEMM is slow (seen on a 2-core AMD EPYC with AVX2: a
-``[M, 1536] x [1536, 8960]`` product took 2.7 ms for M = 1 but 8.3 ms for M = 4), oneDNN's
-linear is 2-2.5x faster for the 2-32 rows of a tree verify pass and a little faster for one
-row. :func:`use_onednn_linears` swaps every ``nn.Linear`` of a model for :class:`OneDNNLinear`,
-which shares the same weight tensors; ``nn.Linear`` is the plain twin and a test checks that
-both give the same outputs. Applied to the model object itself, so every method and every
-peer (Hugging Face ``generate``) measured on it runs the same kernels.
+A verify pass feeds 2-32 rows through every linear layer, and on CPU those small-M GEMMs are
+where a tree method's time goes (92-94% of a forward of Qwen2.5-Coder-1.5B here). Measured on
+the 2-core AMD EPYC (AVX2, fp32) this project runs on, for a ``[M, 1536] x [1536, 8960]``
+product: MKL (``F.linear``) 4.0 / 7.5 / 11 / 16 ms for M = 1 / 2 / 4 / 8; oneDNN on the plain
+weight 1.7 / 3.8 / 5.5 / 5.0 ms; oneDNN on a weight *reordered once* into its blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``) 1.9 / 2.0 / 3.4 / 3.5 ms, so the plain-weight
+paths repack the weight on every call. For the whole 1.5B model (200 cached tokens, medians):
+
+=====  ============  ==============  ==================
+rows   oneDNN plain  oneDNN packed   packed / one row
+=====  ============  ==============  ==================
+1      0.34 s        0.28-0.30 s     1.0
+2      0.52 s        0.30 s          1.05
+4      0.59 s        0.39 s          1.35
+8      0.67 s        0.48 s          1.65
+16     0.93 s        0.68 s          2.35
+32     1.19 s        1.01 s          3.5
+=====  ============  ==============  ==================
+
+so :class:`OneDNNLinear` keeps the reordered copy and uses it for every input size (one row
+included: 302 vs 309 ms interleaved in one process; prefill-sized inputs are also faster).
+The price is memory: the packed copy is a second copy of every linear weight (the plain one
+stays, for tied embeddings and anything that reads ``weight``). Weights are assumed frozen
+(inference); pass ``fast_kernels=False`` to :func:`specgraft.models.hf.load_causal_lm` to keep
+plain ``nn.Linear``. ``nn.Linear`` is the plain twin and ``tests/test_kernels.py`` checks both
+agree. Applied to the model object itself, so every method and every peer (Hugging Face
+``generate``) measured on it runs the same kernels.
 
 It also chooses a dtype: bf16 is only fast where the CPU computes in bf16 natively
 (AVX512-BF16 or AMX); on AVX2 machines it is emulated and slower than fp32 at every size.
@@ -20,13 +40,29 @@ from pathlib import Path
 import torch
 from torch import nn
 
+#: Batch-size hint for oneDNN's weight reorder; 32 measured best across 1-512 rows here.
+PACK_HINT_ROWS = 32
+
 
 def onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
 
 
 class OneDNNLinear(nn.Module):
-    """``nn.Linear`` computed by oneDNN; shares ``weight`` and ``bias`` with the module it replaces."""
+    """``nn.Linear`` computed by oneDNN on a weight reordered once into oneDNN's blocked layout.
+
+    Shares ``weight`` and ``bias`` with the module it replaces; ``packed`` is the reordered copy
+    (an opaque ``torch._mkldnn`` tensor, not a parameter: ``state_dict`` is unchanged).
+
+    Example::
+
+        fast = OneDNNLinear(nn.Linear(48, 80))
+        fast(torch.randn(2, 5, 48)).shape     # torch.Size([2, 5, 80]), = the linear's output
+    """
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -34,11 +70,13 @@ class OneDNNLinear(nn.Module):
         self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_HINT_ROWS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         # (B * T, C) -> (B * T, out)
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self.weight, self.bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self.packed, self.bias, "none", [], "")
         return y.reshape(*shape[:-1], self.out_features)
 
 
