@@ -9,6 +9,11 @@ Glossary of tensor dimensions used in shape comments throughout the package:
 - ``P``: number of root-to-leaf paths
 - ``H``: hidden size
 
+A **probe** node is fed to the target in the verify pass only for its logits (PTD's
+perturbation draft tree): it is never accepted, never committed and never counted as a
+candidate. A probe's children are probes; a node that is both a candidate and a probe (a
+candidate with the same parent and token) is a candidate whose logits the prober also reads.
+
 Example of one step with the root token ``7``, a draft chain ``[5, 9]`` and a branch ``[6]``::
 
     tree = DraftTree(tokens=[5, 9, 6], parents=[-1, 0, -1], sources=["pld"] * 3)
@@ -46,6 +51,8 @@ class Draft:
     scores: list[float] | None = None
     # [N, V] or None
     draft_probs: torch.Tensor | None = None
+    # [N] or None: True = probe node (fed for its logits only, see the module docstring)
+    probe: list[bool] | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -56,6 +63,10 @@ class Draft:
             assert len(self.scores) == len(self.tokens), "one score per node"
         if self.draft_probs is not None:
             assert self.draft_probs.shape[0] == len(self.tokens), "one draft_probs row per node"
+        check_probe(self.parents, self.probe)
+
+    def is_probe(self, i: int) -> bool:
+        return self.probe is not None and self.probe[i]
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -84,6 +95,8 @@ class DraftTree:
     draft_probs: torch.Tensor | None = None
     # [N] or None
     scores: list[float] | None = None
+    # [N] or None: True = probe node (fed for its logits only, see the module docstring)
+    probe: list[bool] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -91,6 +104,7 @@ class DraftTree:
             raise ValueError("tokens, parents and sources must have one entry per node")
         for i, p in enumerate(self.parents):
             assert -1 <= p < i, f"node {i} has parent {p}; parents must come before children"
+        check_probe(self.parents, self.probe)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -99,11 +113,21 @@ class DraftTree:
     def empty() -> "DraftTree":
         return DraftTree(tokens=[], parents=[], sources=[])
 
+    def is_probe(self, i: int) -> bool:
+        return self.probe is not None and self.probe[i]
+
+    @property
+    def num_candidates(self) -> int:
+        """Nodes the verifier may accept (every node but the probes)."""
+        return len(self) - (sum(self.probe) if self.probe is not None else 0)
+
     def children(self) -> list[list[int]]:
-        """``children()[p + 1]`` lists the children of node ``p`` (index 0 is the root)."""
+        """``children()[p + 1]`` lists the candidate children of node ``p`` (index 0 is the root);
+        probe nodes are left out (verifiers never follow them)."""
         out: list[list[int]] = [[] for _ in range(len(self) + 1)]
         for i, p in enumerate(self.parents):
-            out[p + 1].append(i)
+            if not self.is_probe(i):
+                out[p + 1].append(i)
         return out
 
 
@@ -153,6 +177,9 @@ class GenerationStats:
     proposed_by_source: Counter = field(default_factory=Counter)
     accepted_by_source: Counter = field(default_factory=Counter)
     tree_nodes: int = 0
+    """Nodes fed to the target over all steps, probes included (verify-pass rows minus the root)."""
+    probe_nodes: int = 0
+    """Probe nodes fed over all steps (PTD's perturbation tree); not candidates."""
     last_step_tokens: int = 0
     prefill_s: float = 0.0
     draft_s: float = 0.0
@@ -193,9 +220,11 @@ class GenerationStats:
         self.new_tokens += emitted
         self.tokens_per_step[emitted] += 1
         self.last_step_tokens = emitted
-        self.tree_nodes += len(step.tree)
-        self.proposed_by_source.update(step.tree.sources)
-        self.accepted_by_source.update(step.tree.sources[i] for i in step.verify.accepted)
+        tree = step.tree
+        self.tree_nodes += len(tree)
+        self.probe_nodes += len(tree) - tree.num_candidates
+        self.proposed_by_source.update(s for i, s in enumerate(tree.sources) if not tree.is_probe(i))
+        self.accepted_by_source.update(tree.sources[i] for i in step.verify.accepted)
 
     def trim_last_step(self, dropped: int) -> None:
         """Forget ``dropped`` tokens of the last step (a stop string ended the text inside it)."""
@@ -224,6 +253,7 @@ class GenerationStats:
             "acceptance_by_source": {k: round(v, 4) for k, v in self.acceptance_by_source().items()},
             "overhead_fraction": round(self.overhead_fraction, 4),
             "mean_tree_nodes": round(self.tree_nodes / self.steps, 3) if self.steps else 0.0,
+            "mean_probe_nodes": round(self.probe_nodes / self.steps, 3) if self.steps else 0.0,
             "time_s": {
                 "prefill": round(self.prefill_s, 6),
                 "draft": round(self.draft_s, 6),
@@ -234,6 +264,15 @@ class GenerationStats:
                 "total": round(self.total_s, 6),
             },
         }
+
+
+def check_probe(parents: Sequence[int], probe: Sequence[bool] | None) -> None:
+    """A probe flag per node, and no candidate under a probe (a probe's row is never committed)."""
+    if probe is None:
+        return
+    assert len(probe) == len(parents), f"{len(probe)} probe flags for {len(parents)} nodes"
+    for i, p in enumerate(parents):
+        assert not (p >= 0 and probe[p] and not probe[i]), f"candidate node {i} hangs under probe node {p}"
 
 
 def group_by_parent(parents: Sequence[int]) -> dict[int, list[int]]:

@@ -20,5 +20,7 @@ class MergeComposer:
         if len(drafts) == 1 and len(drafts[0]) <= budget and drafts[0].scores is None:
             d = drafts[0]
             # one drafter's tree within budget: nothing to merge (drafters never repeat a sibling)
-            return DraftTree(tokens=d.tokens, parents=d.parents, sources=[d.source] * len(d), draft_probs=d.draft_probs)
+            return DraftTree(
+                tokens=d.tokens, parents=d.parents, sources=[d.source] * len(d), draft_probs=d.draft_probs, probe=d.probe
+            )
         return merge_drafts(drafts, budget)

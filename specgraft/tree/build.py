@@ -33,6 +33,10 @@ def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
     ``draft_probs`` rows are carried over per node where the admitting draft has them; rows of
     nodes from drafts without them are NaN, which tells the sampling verifier to fall back to
     sample-and-match at that parent (see ``verify/sampling.py``).
+
+    Probe nodes (``Draft.probe``) merge like any other node and cost budget like any other row;
+    a candidate that lands on an existing probe turns it into a candidate (same row, same
+    logits), and a probe that lands on a candidate stays a candidate.
     """
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
@@ -41,6 +45,7 @@ def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
     sources: list[str] = []
     scores: list[float] = []
     prob_rows: list[torch.Tensor | None] = []
+    probe: list[bool] = []
     index: dict[tuple[int, int], int] = {}
     any_scores = any(d.scores is not None for d in drafts)
     any_probs = any(d.draft_probs is not None for d in drafts)
@@ -63,6 +68,8 @@ def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
             k = (tree_parent, draft.tokens[j])
             if k in index:
                 mapped[j] = index[k]
+                if not draft.is_probe(j):
+                    probe[mapped[j]] = False
             elif len(tokens) < budget:
                 mapped[j] = len(tokens)
                 index[k] = len(tokens)
@@ -71,6 +78,7 @@ def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
                 sources.append(draft.source)
                 scores.append(draft.scores[j] if draft.scores is not None else float("nan"))
                 prob_rows.append(draft.draft_probs[j] if draft.draft_probs is not None else None)
+                probe.append(draft.is_probe(j))
             else:
                 continue
             for c in children[j + 1]:
@@ -89,6 +97,7 @@ def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
         sources=sources,
         draft_probs=draft_probs,
         scores=scores if any_scores else None,
+        probe=probe if any(probe) else None,
     )
 
 
@@ -114,4 +123,5 @@ def truncate_depth(tree: DraftTree, max_depth: int) -> DraftTree:
         sources=[tree.sources[i] for i in keep],
         draft_probs=tree.draft_probs[keep] if tree.draft_probs is not None else None,
         scores=[tree.scores[i] for i in keep] if tree.scores is not None else None,
+        probe=[tree.probe[i] for i in keep] if tree.probe is not None else None,
     )

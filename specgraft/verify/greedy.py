@@ -19,9 +19,10 @@ from specgraft.types import DraftTree, VerifyResult
 
 
 def child_index(tree: DraftTree) -> dict[tuple[int, int], int]:
-    """``{(parent, token): node}``; siblings carry distinct tokens, so each key is unique."""
-    index = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens, strict=True))}
-    assert len(index) == len(tree), "siblings must carry distinct tokens (merge_drafts deduplicates)"
+    """``{(parent, token): node}`` over the candidate nodes (probes are never accepted); siblings
+    carry distinct tokens, so each key is unique."""
+    index = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens, strict=True)) if not tree.is_probe(i)}
+    assert len(index) == tree.num_candidates, "siblings must carry distinct tokens (merge_drafts deduplicates)"
     return index
 
 
@@ -29,7 +30,8 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     """Accept the longest path whose every node equals the target's argmax at its parent.
 
     ``logits`` is ``[N + 1, V]`` (row 0 = root, row i + 1 = node i). Ties go to the lowest
-    token id (``torch.argmax`` returns the first maximum), as in plain greedy decoding.
+    token id (``torch.argmax`` returns the first maximum), as in plain greedy decoding. Probe
+    nodes are never accepted.
     """
     assert logits.shape[0] == len(tree) + 1, f"expected {len(tree) + 1} logit rows, got {logits.shape[0]}"
     # [N + 1]

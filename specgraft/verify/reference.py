@@ -42,14 +42,15 @@ def _argmax(row: list[float]) -> int:
 
 
 def _children(tree: DraftTree, node: int) -> list[int]:
-    """Children of ``node`` (-1 = root) in node order, by scanning every node."""
-    return [i for i in range(len(tree)) if tree.parents[i] == node]
+    """Candidate children of ``node`` (-1 = root) in node order, by scanning every node."""
+    probe = tree.probe or [False] * len(tree)
+    return [i for i in range(len(tree)) if tree.parents[i] == node and not probe[i]]
 
 
 def _root_to_leaf_paths(tree: DraftTree) -> list[list[int]]:
     paths = []
     for leaf in range(len(tree)):
-        if not _children(tree, leaf):
+        if not (tree.probe and tree.probe[leaf]) and not _children(tree, leaf):
             path = [leaf]
             while tree.parents[path[-1]] != -1:
                 path.append(tree.parents[path[-1]])
