@@ -21,6 +21,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.engine import SpecEngine
 from specgraft.methods import MethodOptions, get_method
+from specgraft.methods_graft import load_draft_model
 from specgraft.models.hf import HFTarget, load_causal_lm, parse_dtype
 from specgraft.types import GenerationStats
 
@@ -60,7 +61,12 @@ def _stop_holdback(text: str, stops: Sequence[str]) -> int:
 
 
 class SpecDecoder:
-    """A model, its tokenizer and one method; shares the model with siblings from :meth:`with_method`."""
+    """A model, its tokenizer and one method; shares the model (and the draft model, if any) with
+    siblings from :meth:`with_method`.
+
+    ``draft_model`` is an already loaded draft model for the methods that need one
+    (``MethodSpec.needs_draft_model``); without it, ``options.graft.draft_model`` is loaded.
+    """
 
     def __init__(
         self,
@@ -69,14 +75,21 @@ class SpecDecoder:
         method: str = "recycling",
         options: MethodOptions = MethodOptions(),
         target: HFTarget | None = None,
+        draft_model: PreTrainedModel | None = None,
+        progress: bool = True,
     ):
-        spec = get_method(method)
+        self.spec = get_method(method)
         self.model = model
         self.tokenizer = tokenizer
         self.method = method
         self.options = options
         self.target = target if target is not None else HFTarget(model)
-        drafters, composer = spec.build(self.target.vocab_size, options)
+        if draft_model is None and self.spec.needs_draft_model:
+            self.spec.check(options)
+            graft = options.graft
+            draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, str(self.target.device), progress, tokenizer)
+        self.draft_model = draft_model
+        drafters, composer = self.spec.build(self.target.vocab_size, options, draft_model)
         self.engine = SpecEngine(self.target, drafters, composer, method=method, eos_token_ids=eos_ids(tokenizer, model))
         self.last_output: GenerationOutput | None = None
 
@@ -95,20 +108,26 @@ class SpecDecoder:
         """Load by catalog name (pulled on first use), local directory or Hugging Face id.
 
         ``dtype="auto"`` picks float32 on CPUs without native bf16 (see ``models/kernels.py``);
-        ``fast_kernels`` swaps the linears for oneDNN ones on CPU (same numbers, faster).
+        ``fast_kernels`` swaps the linears for oneDNN ones on CPU (same numbers, faster). A
+        method that needs a draft model loads ``options.graft.draft_model`` the same way.
         """
         from specgraft.models.catalog import resolve_model
 
-        get_method(method)  # fail on a bad method before loading anything
+        # fail on a bad method, a missing draft model or calibration before loading anything
+        get_method(method).check(options)
         parse_dtype(dtype, device)
         path = resolve_model(name_or_path, cache_dir=cache_dir, progress=progress)
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = load_causal_lm(path, dtype, device, fast_kernels)
-        return cls(model, tokenizer, method, options)
+        return cls(model, tokenizer, method, options, progress=progress)
 
-    def with_method(self, method: str, options: MethodOptions | None = None) -> "SpecDecoder":
-        """Another method over the same loaded model and tokenizer (the cache is per decoder)."""
-        return SpecDecoder(self.model, self.tokenizer, method, options or self.options)
+    def with_method(
+        self, method: str, options: MethodOptions | None = None, draft_model: PreTrainedModel | None = None
+    ) -> "SpecDecoder":
+        """Another method over the same loaded model, tokenizer and draft model (``draft_model``
+        replaces the latter); the caches are per decoder."""
+        draft_model = draft_model if draft_model is not None else self.draft_model
+        return SpecDecoder(self.model, self.tokenizer, method, options or self.options, draft_model=draft_model)
 
     # -- prompts -------------------------------------------------------------------------
 
@@ -144,9 +163,10 @@ class SpecDecoder:
         top_p: float = 1.0,
         top_k: int = 0,
         seed: int | None = None,
-        budget: int = 24,
+        budget: int | None = None,
         stop: Sequence[str] = (),
     ) -> GenerationConfig:
+        """``budget=None``: the method's ``default_budget``, filled in when a decoder runs the config."""
         return GenerationConfig(
             max_new_tokens=max_new_tokens,
             budget=budget,
@@ -162,7 +182,7 @@ class SpecDecoder:
         Keyword arguments are those of :meth:`make_config` (``max_new_tokens``, ``temperature``...).
         Text that might be the start of a stop string is held back until it is decided.
         """
-        config = config or self.make_config(**kw)
+        config = self.resolve(config or self.make_config(**kw))
         ids = self.encode(prompt, chat)
         stops = config.stop_strings
         tokens: list[int] = []
@@ -212,11 +232,27 @@ class SpecDecoder:
         assert self.last_output is not None
         return self.last_output
 
+    def resolve(self, config: GenerationConfig) -> GenerationConfig:
+        """``config`` as this decoder runs it: no budget means the method's ``default_budget``."""
+        return config.with_default_budget(self.spec.default_budget)
+
     def resolved_config(self, config: GenerationConfig) -> dict[str, Any]:
-        return {
+        """What a run prints and records: method, generation config (budget resolved), options,
+        dtypes, threads."""
+        out = {
             "method": self.method,
-            "generation": config.to_dict(),
+            "generation": self.resolve(config).to_dict(),
             "options": dataclasses.asdict(self.options),
-            "dtype": str(self.target.dtype).replace("torch.", ""),
+            "dtype": _dtype_name(self.target.dtype),
             "threads": torch.get_num_threads(),
         }
+        if self.spec.needs_draft_model:
+            out["draft_model"] = {
+                "name_or_path": getattr(self.draft_model.config, "_name_or_path", None),
+                "dtype": _dtype_name(next(self.draft_model.parameters()).dtype),
+            }
+        return out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")

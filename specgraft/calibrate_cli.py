@@ -26,7 +26,9 @@ def calibrate(
     prompts: int = typer.Option(8, help="Further corpus records decoded to calibrate the thresholds."),
     max_new_tokens: int = typer.Option(64, help="Tokens decoded per calibration prompt."),
     preset: str = typer.Option("cpu", help="Draft preset: cpu (depth 4, top-k 6) or gpu (depth 8, top-k 10)."),
-    budget: Optional[int] = typer.Option(None, help="Verification budget (default: the preset's, 24 on cpu, 60 on gpu)."),
+    budget: Optional[int] = typer.Option(
+        None, help="Verification budget (default: the method's default budget, the one generate and bench use without --budget)."
+    ),
     dtype: str = typer.Option("auto", help="Target dtype: auto (float32 on CPUs without native bf16), bfloat16 or float32."),
     draft_dtype: Optional[str] = typer.Option(None, help="Draft model dtype (default: the target's)."),
     chat: bool = typer.Option(True, help="Wrap records in the chat template."),
@@ -40,6 +42,7 @@ def calibrate(
     from specgraft.api import SpecDecoder
     from specgraft.calibrate import CALIBRATED_VARIANTS, run_calibration, save_calibration
     from specgraft.drafters.draft_model import check_vocab, get_preset
+    from specgraft.methods import get_method
     from specgraft.methods_graft import load_draft_model
     from specgraft.models.hf import parse_dtype
     from specgraft.warmup import read_corpus
@@ -48,7 +51,7 @@ def calibrate(
     if method not in CALIBRATED_VARIANTS:
         raise ValueError(f"calibration is for {' or '.join(CALIBRATED_VARIANTS)}, not {method!r}")
     p = get_preset(preset)
-    budget = p.budget if budget is None else budget
+    budget = get_method(method).default_budget if budget is None else budget
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
     if limit < 0 or prompts < 1 or max_new_tokens < 1:
@@ -69,7 +72,7 @@ def calibrate(
     held_out = records[-prompts:]
     warm = records[:-prompts][:limit]
     dec = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype)
-    draft = load_draft_model(draft_model, draft_dtype)
+    draft = load_draft_model(draft_model, draft_dtype, target_tokenizer=dec.tokenizer)
     check_vocab(dec.target.vocab_size, draft.get_output_embeddings().weight.shape[0])
     prompt_ids = [dec.encode(prompt, chat=chat) for prompt, _ in held_out if prompt]
     err.print(

@@ -1,4 +1,4 @@
-"""`specgraft generate | demo | models | warmup`: the command line.
+"""`specgraft generate | demo | models | warmup | calibrate | bench`: the command line.
 
 Every failure a user can cause (bad value, unknown model or method, missing file) prints one
 line ``error: ...`` on stderr and exits with status 2; no tracebacks.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import typer
 from rich.console import Console
@@ -18,11 +18,16 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless spe
 models_app = typer.Typer(no_args_is_help=True, help="List and pull the offline model catalog.")
 app.add_typer(models_app, name="models")
 
-from specgraft.bench.cli import bench  # noqa: E402  (imports no torch: CLI start-up stays fast)
+from specgraft.bench.cli import bench  # noqa: E402  (these three import no torch: CLI start-up stays fast)
+from specgraft.calibrate_cli import calibrate  # noqa: E402
+from specgraft.methods import METHODS, MethodOptions, get_method, method_names  # noqa: E402
+from specgraft.methods_graft import GraftOptions  # noqa: E402
 
 app.command()(bench)
+app.command()(calibrate)
 
-err = Console(stderr=True, highlight=False)
+# plain text: summaries start with `[method]`, which rich would take for markup
+err = Console(stderr=True, highlight=False, markup=False)
 out = Console(highlight=False)
 
 DEMO_MODEL = "smollm2-135m-instruct"
@@ -69,22 +74,26 @@ def run_generate(
     prompt: str,
     model: str,
     method: str,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    seed: Optional[int],
-    dtype: str,
-    budget: int,
-    chat: bool,
-    compare: bool,
-    as_json: bool,
-    stop: list[str],
-    recycling_state: Optional[str],
-    threads: Optional[int],
+    *,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: Optional[int] = None,
+    dtype: str = "auto",
+    budget: Optional[int] = None,
+    chat: bool = False,
+    compare: bool = False,
+    as_json: bool = False,
+    stop: Sequence[str] = (),
+    options: Optional[MethodOptions] = None,
+    threads: Optional[int] = None,
 ) -> dict:
+    """Generate (streaming unless ``as_json``), print the summary and return it as a dict.
+
+    ``budget=None`` uses the method's default budget; the summary's ``config`` records the one used.
+    """
     from specgraft.api import SpecDecoder
-    from specgraft.methods import MethodOptions, get_method
     from specgraft.models.hf import parse_dtype
 
     get_method(method)
@@ -95,7 +104,7 @@ def run_generate(
     )
     if not prompt:
         raise ValueError("the prompt is empty")
-    options = MethodOptions(recycling_state=recycling_state)
+    options = options if options is not None else MethodOptions()
     dec = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, options=options, progress=not as_json)
     ids = dec.encode(prompt, chat=chat)
     dec.engine.check_prompt(ids)
@@ -134,8 +143,8 @@ def run_generate(
         print(json.dumps(summary))
     else:
         line = (
-            f"[{method}] {stats.new_tokens} tokens in {stats.steps} steps, MAT {stats.mat:.2f} (bonus token included), "
-            f"{stats.tokens_per_s:.2f} tok/s, overhead {100 * stats.overhead_fraction:.1f}% of step time, "
+            f"[{method}] budget {summary['config']['generation']['budget']} nodes, {stats.new_tokens} tokens in {stats.steps} steps, "
+            f"MAT {stats.mat:.2f} (bonus token included), {stats.tokens_per_s:.2f} tok/s, overhead {100 * stats.overhead_fraction:.1f}% of step time, "
             f"threads {summary['config']['threads']}"
         )
         err.print(line)
@@ -151,27 +160,49 @@ def run_generate(
     return summary
 
 
+def _method_help() -> str:
+    needs = [name for name in method_names() if METHODS[name].needs_draft_model]
+    free = [name for name in method_names() if not METHODS[name].needs_draft_model]
+    return f"{', '.join(free)}; with --draft-model also {', '.join(needs)}."
+
+
 @app.command()
 def generate(
     prompt: str = typer.Argument(..., help="The prompt text."),
     model: str = typer.Option(DEMO_MODEL, "--model", "-m", help="Catalog name, local directory or Hugging Face id."),
-    method: str = typer.Option("recycling", help="ar, pld or recycling."),
+    method: str = typer.Option("recycling", help=_method_help()),
     max_new_tokens: int = typer.Option(128, help="Stop after this many new tokens."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
     top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
     seed: Optional[int] = typer.Option(None, help="Sampling seed."),
-    dtype: str = typer.Option("auto", help="auto (float32 on CPUs without native bf16), bfloat16 or float32."),
-    budget: int = typer.Option(24, help="Tree nodes verified per step."),
+    dtype: str = typer.Option("auto", help="auto (float32 on CPUs without native bf16), bfloat16 or float32; the draft model's too."),
+    budget: Optional[int] = typer.Option(None, help="Tree nodes verified per step (default: the method's default budget, printed)."),
     chat: bool = typer.Option(False, "--chat", help="Apply the tokenizer's chat template."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding; report speedup and agreement."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
-    recycling_state: Optional[str] = typer.Option(None, help="Successor matrix .npz from `specgraft warmup`."),
+    recycling_state: Optional[str] = typer.Option(None, help="Successor matrix .npz from `specgraft warmup` (recycling)."),
+    draft_model: Optional[str] = typer.Option(
+        None, "--draft-model", help="Draft model sharing the target's tokenizer (draft-tree, graft*): catalog name, directory or hub id."
+    ),
+    calibration: Optional[str] = typer.Option(
+        None, "--calibration", help="Calibration JSON from `specgraft calibrate` (thresholds + warmed-up matrix of the graft variants)."
+    ),
+    preset: str = typer.Option("cpu", "--preset", help="Draft tree preset: cpu (depth 4, top-k 6) or gpu (depth 8, top-k 10)."),
+    draft_depth: Optional[int] = typer.Option(None, "--draft-depth", help="Draft forwards per step (default: the preset's)."),
+    draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", help="Children per expanded draft node (default: the preset's)."),
     threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice)."),
 ) -> None:
     """Generate text with a speculative method, streaming it."""
-    run_generate(prompt, model, method, max_new_tokens, temperature, top_p, top_k, seed, dtype, budget, chat, compare, as_json, stop, recycling_state, threads)
+    graft = GraftOptions(
+        draft_model=draft_model, draft_dtype=dtype, preset=preset, depth=draft_depth, top_k=draft_top_k, calibration=calibration
+    )
+    run_generate(
+        prompt, model, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        dtype=dtype, budget=budget, chat=chat, compare=compare, as_json=as_json, stop=stop,
+        options=MethodOptions(recycling_state=recycling_state, graft=graft), threads=threads,
+    )
 
 
 @app.command()
@@ -182,7 +213,7 @@ def demo(
 ) -> None:
     """SmolLM2-135M Instruct on a copy-heavy prompt, compared with plain decoding."""
     err.print(f"specgraft demo: {DEMO_MODEL}, method {method}, {dtype}, greedy, {max_new_tokens} new tokens, chat template")
-    run_generate(DEMO_PROMPT, DEMO_MODEL, method, max_new_tokens, 0.0, 1.0, 0, None, dtype, 24, True, True, False, [], None, None)
+    run_generate(DEMO_PROMPT, DEMO_MODEL, method, max_new_tokens=max_new_tokens, dtype=dtype, chat=True, compare=True)
 
 
 @models_app.command("list")
@@ -247,7 +278,7 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except (ValueError, FileNotFoundError) as e:
-        err.print(f"error: {e}")
+        err.print(f"error: {e}", soft_wrap=True)  # one line however narrow the terminal
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted")

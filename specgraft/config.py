@@ -6,7 +6,7 @@ Every run prints its resolved config (``dataclasses.asdict``), so nothing is pic
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -45,9 +45,9 @@ class GenerationConfig:
 
     max_new_tokens: int = 128
     """Stop after this many new tokens."""
-    budget: int = 24
-    """Nodes verified per step (the papers' K). On a 2-core CPU a forward of up to ~32 new
-    tokens costs about one decode step of a 1.5B model, so 16-32 is the useful range there."""
+    budget: int | None = None
+    """Nodes verified per step (the papers' K); None = the method's ``default_budget`` (see
+    ``methods.DEFAULT_BUDGETS``), filled in by :meth:`with_default_budget` before the engine runs."""
     stop_strings: tuple[str, ...] = ()
     """Stop when the decoded output contains one of these (the output is cut before it)."""
     stop_on_eos: bool = True
@@ -57,8 +57,16 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
-        if not isinstance(self.budget, int) or self.budget < 1:
+        if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 1):
             raise ValueError(f"budget must be an integer >= 1, got {self.budget!r}")
+
+    def with_default_budget(self, default: int) -> "GenerationConfig":
+        """This config with ``budget = default`` if it has none.
+
+        >>> GenerationConfig().with_default_budget(8).budget, GenerationConfig(budget=3).with_default_budget(8).budget
+        (8, 3)
+        """
+        return self if self.budget is not None else replace(self, budget=default)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

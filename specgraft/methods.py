@@ -1,63 +1,137 @@
 """The method registry: a method name -> the drafters and composer that make it.
 
-Adding a method means adding an entry here (and its drafter/composer modules), never editing
-the engine.
+Adding a method means adding an entry here (its build function, its default budget) and its
+drafter/composer modules, never editing the engine.
 
->>> sorted(METHODS)
-['ar', 'pld', 'recycling']
+>>> method_names()
+['ar', 'draft-tree', 'graft', 'graft-fixed', 'graft-prune', 'graft-root', 'graft-tail', 'pld', 'recycling']
+>>> METHODS["graft"].default_budget, METHODS["graft"].needs_draft_model
+(8, True)
+
+The CLI reads this module at start-up (``--method`` help), so it imports no torch: each build
+function imports its drafters when it runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from specgraft.composers.base import Composer, MergeComposer
-from specgraft.drafters.base import Drafter
-from specgraft.drafters.pld import PLDConfig, PLDDrafter
-from specgraft.drafters.recycling import RecyclingConfig, RecyclingDrafter, SuccessorMatrix
+from specgraft.methods_graft import GRAFT_METHODS, GraftOptions, build_from_method_options, check_graft_options
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from specgraft.composers.base import Composer
+    from specgraft.drafters.base import Drafter
+    from specgraft.drafters.pld import PLDConfig
+    from specgraft.drafters.recycling import RecyclingConfig
+
+#: Nodes verified per step when the user gives no budget. Placeholders until a benchmark sweep
+#: tunes them; every run records the budget it resolved, so comparisons stay explicit.
+DEFAULT_BUDGETS: dict[str, int] = {
+    "ar": 1,  # no drafters: the budget is never used
+    "pld": 8,
+    "recycling": 8,
+    "draft-tree": 8,
+    "graft-prune": 8,
+    "graft-fixed": 8,
+    "graft-root": 8,
+    "graft-tail": 8,
+    "graft": 8,
+}
+
+
+def _pld_config() -> PLDConfig:
+    from specgraft.drafters.pld import PLDConfig
+
+    return PLDConfig()
+
+
+def _recycling_config() -> RecyclingConfig:
+    from specgraft.drafters.recycling import RecyclingConfig
+
+    return RecyclingConfig()
 
 
 @dataclass(frozen=True)
 class MethodOptions:
-    """Per-method knobs. Unused fields are ignored by methods that don't read them."""
+    """Per-method knobs: plain data, printed with every run. Unused fields are ignored by
+    methods that don't read them."""
 
-    pld: PLDConfig = field(default_factory=PLDConfig)
-    recycling: RecyclingConfig = field(default_factory=RecyclingConfig)
+    pld: PLDConfig = field(default_factory=_pld_config)
+    recycling: RecyclingConfig = field(default_factory=_recycling_config)
     recycling_state: str | None = None
     """``.npz`` successor matrix to start from (``specgraft warmup`` writes one)."""
+    graft: GraftOptions = field(default_factory=GraftOptions)
+    """Draft model, preset and calibration of ``draft-tree`` and the Graft variants."""
+
+
+Build = Callable[..., "tuple[list[Drafter], Composer]"]
 
 
 @dataclass(frozen=True)
 class MethodSpec:
     name: str
     summary: str
-    build: Callable[[int, MethodOptions], tuple[list[Drafter], Composer]]
+    build: Build
+    """``build(vocab, options, draft_model=None) -> (drafters, composer)``; ``draft_model`` is an
+    already loaded model (methods with ``needs_draft_model``; the others ignore it)."""
+    default_budget: int
+    """Nodes verified per step when the user gives no budget (see ``DEFAULT_BUDGETS``)."""
+    needs_draft_model: bool = False
+    """Whether the method drafts with a separate model (``--draft-model``)."""
+
+    def check(self, options: MethodOptions, draft_model: nn.Module | None = None) -> None:
+        """``ValueError`` for what ``options`` lack before any model is loaded (e.g. a draft model)."""
+        if self.needs_draft_model:
+            check_graft_options(self.name, options.graft, draft_model)
 
 
-def _ar(vocab: int, opts: MethodOptions) -> tuple[list[Drafter], Composer]:
+def _ar(vocab: int, opts: MethodOptions, draft_model: Any = None) -> tuple[list[Drafter], Composer]:
+    from specgraft.composers.base import MergeComposer
+
     return [], MergeComposer()
 
 
-def _pld(vocab: int, opts: MethodOptions) -> tuple[list[Drafter], Composer]:
+def _pld(vocab: int, opts: MethodOptions, draft_model: Any = None) -> tuple[list[Drafter], Composer]:
+    from specgraft.composers.base import MergeComposer
+    from specgraft.drafters.pld import PLDDrafter
+
     return [PLDDrafter(opts.pld)], MergeComposer()
 
 
-def _recycling(vocab: int, opts: MethodOptions) -> tuple[list[Drafter], Composer]:
+def _recycling(vocab: int, opts: MethodOptions, draft_model: Any = None) -> tuple[list[Drafter], Composer]:
+    from specgraft.composers.base import MergeComposer
+    from specgraft.drafters.recycling import RecyclingDrafter, SuccessorMatrix
+
     matrix = None
     if opts.recycling_state:
         matrix = SuccessorMatrix.load(Path(opts.recycling_state), vocab_size=vocab)
     return [RecyclingDrafter(vocab, opts.recycling, matrix)], MergeComposer()
 
 
+def _spec(name: str, summary: str, build: Build, needs_draft_model: bool = False) -> MethodSpec:
+    return MethodSpec(name, summary, build, DEFAULT_BUDGETS[name], needs_draft_model)
+
+
 METHODS: dict[str, MethodSpec] = {
-    "ar": MethodSpec("ar", "plain autoregressive decoding through the same adapter (the baseline)", _ar),
-    "pld": MethodSpec("pld", "prompt lookup: copies of earlier spans of prompt + output, branches as a tree", _pld),
-    "recycling": MethodSpec(
-        "recycling", "Token Recycling: top-k successor matrix refreshed from the target's logits, static template", _recycling
-    ),
+    spec.name: spec
+    for spec in (
+        _spec("ar", "plain autoregressive decoding through the same adapter (the baseline)", _ar),
+        _spec("pld", "prompt lookup: copies of earlier spans of prompt + output, branches as a tree", _pld),
+        _spec(
+            "recycling", "Token Recycling: top-k successor matrix refreshed from the target's logits, static template", _recycling
+        ),
+        *(
+            _spec(name, summary, partial(build_from_method_options, name), needs_draft_model=True)
+            for name, summary in GRAFT_METHODS.items()
+        ),
+    )
 }
+assert set(METHODS) == set(DEFAULT_BUDGETS), f"default budgets for {sorted(DEFAULT_BUDGETS)}, methods {sorted(METHODS)}"
 
 
 def get_method(name: str) -> MethodSpec:
@@ -68,4 +142,3 @@ def get_method(name: str) -> MethodSpec:
 
 def method_names() -> Sequence[str]:
     return sorted(METHODS)
-

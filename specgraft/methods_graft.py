@@ -1,9 +1,10 @@
-"""Registry entries for the draft-model tree and Graft's variants (merged into ``methods.METHODS``).
+"""Registry entries for the draft-model tree and Graft's variants (``methods.METHODS`` lists them).
 
 ``MethodOptions`` carries a :class:`GraftOptions` (plain, JSON-able data: a run prints it). The
-draft model is named there (catalog name, local directory or Hugging Face id) and loaded when a
-method is built; decoders built while one is alive share its weights (each drafter keeps its
-own KV cache), so ``with_method`` and benchmarks over several variants load it once.
+draft model is named there (catalog name, local directory or Hugging Face id), or passed
+already loaded: ``SpecDecoder`` loads it once and hands it to every decoder made with
+``with_method``, and the benchmark passes the model it loaded for ``hf-assisted``. Each drafter
+keeps its own KV cache over the shared weights.
 
     >>> sorted(GRAFT_METHODS)
     ['draft-tree', 'graft', 'graft-fixed', 'graft-prune', 'graft-root', 'graft-tail']
@@ -12,6 +13,9 @@ Building by hand, with a model already loaded::
 
     drafters, composer = build_graft_method("graft", target_vocab, GraftOptions(calibration="c.json"), draft_model=model)
     engine = SpecEngine(HFTarget(target_model), drafters, composer, method="graft")
+
+This module is imported by the registry, which the CLI reads at start-up: torch, transformers
+and the drafter modules are imported where they are used, not here.
 """
 
 from __future__ import annotations
@@ -19,15 +23,14 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
 
-from specgraft.composers.graft import VARIANTS, GraftComposer, GraftConfig, GraftRetrieval, StagePlanner
-from specgraft.drafters.base import Drafter
-from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig, get_preset
-from specgraft.drafters.recycling import SuccessorMatrix
+    from specgraft.composers.graft import GraftComposer
+    from specgraft.drafters.base import Drafter
 
 GRAFT_METHODS: dict[str, str] = {
     "draft-tree": "dense draft-model tree (EAGLE-2 style: top-k expansion by path score, best K nodes); needs --draft-model",
@@ -44,7 +47,8 @@ class GraftOptions:
     """Knobs of ``draft-tree`` and the Graft variants (``MethodOptions.graft``)."""
 
     draft_model: str | None = None
-    """Draft model: catalog name, local directory or Hugging Face id; must share the target's vocabulary."""
+    """Draft model: catalog name, local directory or Hugging Face id; must share the target's
+    vocabulary. A loaded model passed as ``draft_model`` (``SpecDecoder``, ``MethodSpec.build``) is used instead."""
     draft_dtype: str = "auto"
     """dtype the draft model is loaded in (``auto``: float32 on CPUs without native bf16, see ``models/kernels.py``)."""
     device: str = "cpu"
@@ -67,6 +71,8 @@ class GraftOptions:
     """Seed of the draft sampler (sampling drafts only)."""
 
     def __post_init__(self) -> None:
+        from specgraft.drafters.draft_model import get_preset
+
         get_preset(self.preset)
         for name in ("depth", "top_k"):
             value = getattr(self, name)
@@ -82,20 +88,70 @@ class GraftOptions:
 _loaded_models: "weakref.WeakValueDictionary[tuple[str, str, str], nn.Module]" = weakref.WeakValueDictionary()
 
 
-def load_draft_model(name: str, dtype: str = "auto", device: str = "cpu", progress: bool = True) -> nn.Module:
+def load_draft_model(
+    name: str,
+    dtype: str = "auto",
+    device: str = "cpu",
+    progress: bool = True,
+    target_tokenizer: PreTrainedTokenizerBase | None = None,
+) -> nn.Module:
     """Load (or reuse, while loaded) a draft model by catalog name, directory or hub id, with the
-    same loader and CPU kernels as the target (:func:`specgraft.models.hf.load_causal_lm`)."""
+    same loader and CPU kernels as the target (:func:`specgraft.models.hf.load_causal_lm`).
+
+    With ``target_tokenizer``, the draft model's tokenizer must have the same vocabulary
+    (``ValueError`` otherwise): equal vocabulary sizes alone would let two tokenizers that
+    number their tokens differently pass.
+    """
     from specgraft.models.catalog import resolve_model
     from specgraft.models.hf import load_causal_lm, parse_dtype
 
     resolved = parse_dtype(dtype, device)
     path = resolve_model(name, progress=progress)
-    key = (str(path), str(resolved), device)
+    if target_tokenizer is not None:
+        check_same_vocabulary(name, path, target_tokenizer)
+    key = (str(path), str(resolved), str(device))
     model = _loaded_models.get(key)
     if model is None:
         model = load_causal_lm(path, resolved, device)
         _loaded_models[key] = model
     return model
+
+
+def check_same_vocabulary(name: str, path: str, target_tokenizer: PreTrainedTokenizerBase) -> None:
+    """``ValueError`` unless the tokenizer stored at ``path`` (draft model ``name``) maps every
+    token to the same id as ``target_tokenizer``."""
+    from transformers import AutoTokenizer
+
+    try:
+        draft_tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"draft model {name!r} has no tokenizer to compare with the target's ({e})") from e
+    if draft_tokenizer.get_vocab() != target_tokenizer.get_vocab():
+        raise ValueError(f"draft model {name!r} has a different vocabulary from the target's; it must use the target's tokenizer")
+
+
+def reads_calibration(variant: str) -> bool:
+    """Whether ``variant`` uses a calibration: its thresholds (gated variants) or its warmed-up
+    successor matrix (retrieval variants). ``draft-tree`` has neither and ignores the file."""
+    from specgraft.composers.graft import GraftConfig
+
+    config = GraftConfig(variant=variant)
+    return config.gated or config.retrieval is not None
+
+
+def require_draft_model(variant: str, options: GraftOptions, draft_model: nn.Module | None) -> None:
+    if draft_model is None and not options.draft_model:
+        raise ValueError(f"method {variant!r} needs a draft model (--draft-model) sharing the target's tokenizer")
+
+
+def check_graft_options(variant: str, options: GraftOptions, draft_model: nn.Module | None = None) -> None:
+    """What can be checked before any model is loaded: a draft model is given or named, and
+    the calibration file (if ``variant`` reads one) is readable. ``ValueError`` otherwise."""
+    from specgraft.calibrate import load_calibration
+
+    require_draft_model(variant, options, draft_model)
+    if options.calibration and reads_calibration(variant):
+        load_calibration(options.calibration)
 
 
 def build_graft_method(
@@ -106,15 +162,19 @@ def build_graft_method(
     ``draft_model`` is used when given, else ``options.draft_model`` is loaded.
     """
     from specgraft.calibrate import load_calibration
+    from specgraft.composers.graft import VARIANTS, GraftComposer, GraftConfig, GraftRetrieval, StagePlanner
+    from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig, get_preset
+    from specgraft.drafters.recycling import SuccessorMatrix
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown Graft variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     if draft_model is None:
-        if not options.draft_model:
-            raise ValueError(f"method {variant!r} needs a draft model (--draft-model) sharing the target's tokenizer")
+        require_draft_model(variant, options, draft_model)
         draft_model = load_draft_model(options.draft_model, options.draft_dtype, options.device)
     preset = get_preset(options.preset)
-    calibration = load_calibration(options.calibration, vocab_size=vocab) if options.calibration else None
+    calibration = None
+    if options.calibration and reads_calibration(variant):
+        calibration = load_calibration(options.calibration, vocab_size=vocab)
     k = calibration.matrix.k if calibration is not None else GraftConfig().k
     config = GraftConfig(variant=variant, k=k)
     checkpoints = preset.checkpoints[: len(config.draft_shares)]
@@ -149,14 +209,8 @@ def build_graft_method(
     return drafters, GraftComposer(config, planner, matrix)
 
 
-def build_from_method_options(variant: str, vocab: int, options: Any) -> tuple[list[Drafter], GraftComposer]:
+def build_from_method_options(
+    variant: str, vocab: int, options: Any, draft_model: nn.Module | None = None
+) -> tuple[list[Drafter], GraftComposer]:
     """``MethodSpec.build`` for a Graft variant: reads ``options.graft`` (a :class:`GraftOptions`)."""
-    return build_graft_method(variant, vocab, options.graft)
-
-
-def register_graft_methods(methods: dict) -> None:
-    """Add ``draft-tree`` and the Graft variants to a ``{name: MethodSpec}`` registry."""
-    from specgraft.methods import MethodSpec
-
-    for name, summary in GRAFT_METHODS.items():
-        methods[name] = MethodSpec(name, summary, partial(build_from_method_options, name))
+    return build_graft_method(variant, vocab, options.graft, draft_model)

@@ -21,7 +21,14 @@ from specgraft.bench.datasets import DATA_DIR, SUITES, parse_suite_spec
 from specgraft.bench.records import RESULTS_FILE, read_rows
 from specgraft.bench.repetition import longest_match
 from specgraft.bench.report import OVERALL, summarize
-from specgraft.bench.runner import conversation_ids
+from specgraft.bench.peers import PEERS
+from specgraft.bench.runner import build_methods, conversation_ids, load_models
+from specgraft.calibrate import save_calibration
+from specgraft.methods import METHODS
+from specgraft.models.hf import parse_dtype
+from specgraft.models.kernels import OneDNNLinear
+
+from tests.test_graft import make_calibration
 
 MAX_NEW = 8
 CHAT_TEMPLATE = (
@@ -199,6 +206,9 @@ def test_custom_jsonl_and_bad_input(tmp_path):
         (dict(dtype="int3"), "unknown dtype 'int3'"),
         (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
         (dict(recycling_state="missing.npz"), "recycling state 'missing.npz' does not exist"),
+        (dict(methods="ar,draft-tree"), "method 'draft-tree' needs a draft model (--draft-model)"),
+        (dict(methods="graft", draft_model="d", calibration="missing.json"), "calibration file 'missing.json' does not exist"),
+        (dict(budget=0), "budget must be an integer >= 1, got 0"),
     ],
 )
 def test_bad_config(kw, message):
@@ -209,7 +219,18 @@ def test_bad_config(kw, message):
 def test_run_order():
     assert BenchConfig(model="m", out="o", methods="hf-pld,recycling").run_methods == ("ar", "recycling", "hf", "hf-pld")
     everything = BenchConfig(model="m", out="o", methods="all", draft_model="d").run_methods
-    assert set(everything) >= {"ar", "pld", "recycling", "hf", "hf-pld", "hf-assisted"}
+    assert set(everything) == set(METHODS) | set(PEERS)
+    without_draft = BenchConfig(model="m", out="o", methods="all").run_methods
+    assert set(without_draft) == {m for m in METHODS if not METHODS[m].needs_draft_model} | {"hf", "hf-pld"}
+
+
+def test_budgets_and_dtype_are_resolved():
+    cfg = BenchConfig(model="m", out="o", methods="pld,draft-tree", draft_model="d")
+    assert cfg.budget is None and cfg.budgets == {m: METHODS[m].default_budget for m in ("ar", "pld", "draft-tree")}
+    assert BenchConfig(model="m", out="o", budget=5).budgets == {"ar": 5, "pld": 5, "recycling": 5}
+    assert "--budget" not in cfg.to_command() and "--budget 5" in BenchConfig(model="m", out="o", budget=5).to_command()
+    assert cfg.dtype == "auto" and cfg.resolved_dtype == str(parse_dtype("auto")).removeprefix("torch.")
+    assert cfg.comparable()["budgets"] == cfg.budgets and cfg.comparable()["resolved_dtype"] == cfg.resolved_dtype
 
 
 def test_second_turn_holds_the_first_answer():
@@ -329,6 +350,45 @@ def test_cli_with_draft_model(target_dir, draft_dir, tmp_path):
     assert "hf-assisted (HF)" in result.output
     bad = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "cli2"), "--suite", "nope"])
     assert isinstance(bad.exception, ValueError) and "unknown suite 'nope'" in str(bad.exception)
+
+
+def test_draft_model_methods(target_dir, draft_dir, tmp_path):
+    """draft-tree and graft (with a calibration) run beside ar on 2 prompts, losslessly, each at its default budget."""
+    calibration = str(save_calibration(make_calibration(vocab=len(byte_tokenizer())), tmp_path / "calib.json"))
+    out = tmp_path / "run"
+    report = run_benchmark(config(target_dir, out, suite="humaneval:2", methods="draft-tree,graft", draft_model=draft_dir, calibration=calibration))
+    rows = read_rows(out / RESULTS_FILE)
+    assert [r.method for r in rows] == ["ar", "draft-tree", "graft"] * 2
+    check_rows_consistent(rows)
+    for r in rows:
+        method_config = r.config["method_config"]
+        assert method_config["generation"]["budget"] == METHODS[r.method].default_budget
+        assert r.config["calibration"] == calibration
+        if r.method != "ar":
+            assert method_config["options"]["graft"]["calibration"] == calibration
+            assert method_config["draft_model"] == {"name_or_path": draft_dir, "dtype": "float32"}
+            assert r.proposed_by_source["draft"] > 0
+    assert any("retrieval" in r.proposed_by_source for r in rows if r.method == "graft")
+    run_info = json.loads((out / "run.json").read_text())
+    assert run_info["config"]["budgets"] == {"ar": 1, "draft-tree": 8, "graft": 8} == {m: METHODS[m].default_budget for m in ("ar", "draft-tree", "graft")}
+    assert run_info["config"]["resolved_dtype"] == "float32" and f"--calibration {calibration}" in run_info["command"]
+    assert "budget (nodes per step) ar 1, draft-tree 8, graft 8" in report.read_text()
+
+    # resuming with another budget for a method already measured is refused
+    with pytest.raises(ValueError, match="different config .*budgets"):
+        run_benchmark(config(target_dir, out, suite="humaneval:2", methods="draft-tree", draft_model=draft_dir, budget=4, resume=True))
+
+
+def test_one_draft_model_for_every_method(target_dir, draft_dir, tmp_path):
+    cfg = config(target_dir, tmp_path / "o", methods="draft-tree,graft-tail,hf-assisted", draft_model=draft_dir)
+    options = cfg.method_options()
+    models = load_models(cfg, options)
+    methods = build_methods(cfg, models, options)
+    assert methods["hf-assisted"].assistant_model is models.draft
+    assert methods["draft-tree"].decoder.draft_model is models.draft and methods["graft-tail"].decoder.draft_model is models.draft
+    # loaded like the target: same CPU kernels
+    kernels = {type(m) for m in models.draft.modules()} & {OneDNNLinear, torch.nn.Linear}
+    assert kernels == {type(m) for m in models.decoder.model.modules()} & {OneDNNLinear, torch.nn.Linear}
 
 
 @pytest.mark.parametrize("module", ["compare", "datasets", "environment", "repetition", "runner"])

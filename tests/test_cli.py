@@ -4,8 +4,39 @@ import json
 import sys
 
 import pytest
+import torch
 
 from specgraft import cli
+from specgraft.calibrate import load_calibration
+from specgraft.methods import METHODS, method_names
+
+from tests.conftest import TINY_VOCAB, tiny_llama, tiny_tokenizer
+from tests.test_graft import corpus_records
+
+PROMPT = "w5 w6 w7 w5 w6 w7 w5 w6"
+
+
+def save_draft(path, vocab: int = TINY_VOCAB) -> str:
+    """A one-layer tiny Llama with the tiny tokenizer: a draft model for ``tiny_model_dir`` (when ``vocab`` matches).
+
+    Llama, not Qwen2: loading a tokenizer beside a Qwen2 config adds ``<|endoftext|>``, so the
+    vocabularies would differ."""
+    tiny_llama(vocab=vocab, seed=5, layers=1).save_pretrained(path)
+    tiny_tokenizer(vocab).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    """``--threads`` sets torch's global thread count; the tests after this one keep theirs."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_draft_dir(tmp_path_factory):
+    return save_draft(tmp_path_factory.mktemp("tiny-draft"))
 
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
@@ -22,19 +53,87 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--method", "nope"], "unknown method 'nope'; choose one of ar, pld, recycling"),
+        (["--method", "nope"], f"unknown method 'nope'; choose one of {', '.join(method_names())}"),
         (["--budget", "0"], "budget must be an integer >= 1, got 0"),
         (["--max-new-tokens", "-1"], "max_new_tokens must be an integer >= 0, got -1"),
         (["--temperature", "-0.5"], "temperature must be a finite number >= 0, got -0.5"),
         (["--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
         (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
         (["--dtype", "int3"], "unknown dtype 'int3'"),
+        (["--method", "graft"], "method 'graft' needs a draft model (--draft-model)"),
+        (["--method", "draft-tree", "--preset", "tpu"], "unknown draft preset 'tpu'; choose one of cpu, gpu"),
+        (["--method", "draft-tree", "--draft-depth", "0"], "depth must be an integer >= 1, got 0"),
+        (["--method", "graft", "--draft-model", "DRAFT", "--calibration", "missing.json"],
+         "calibration file 'missing.json' does not exist; write one with `specgraft calibrate`"),
     ],
 )
-def test_bad_values(monkeypatch, capsys, tiny_model_dir, extra, message):
+def test_bad_values(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir, extra, message):
+    extra = [tiny_draft_dir if a == "DRAFT" else a for a in extra]
     code, out, err = run_cli(monkeypatch, capsys, "generate", "--model", tiny_model_dir, *extra, "w5 w6")
     assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1, "one line"
     assert message in err and "Traceback" not in err
+
+
+def test_draft_vocabulary_mismatch(monkeypatch, capsys, tiny_model_dir, tmp_path):
+    other = save_draft(tmp_path / "other-vocab", vocab=TINY_VOCAB + 4)
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "--model", tiny_model_dir, "--method", "draft-tree", "--draft-model", other, "w5")
+    assert code == 2 and f"draft model {other!r} has a different vocabulary" in err
+
+
+def test_generate_draft_tree(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir):
+    code, out, err = run_cli(
+        monkeypatch, capsys, "generate", "--model", tiny_model_dir, "--dtype", "float32", "--method", "draft-tree",
+        "--draft-model", tiny_draft_dir, "--draft-depth", "2", "--draft-top-k", "3", "--max-new-tokens", "12",
+        "--threads", "1", "--compare", "--json", PROMPT,
+    )
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["new_tokens"] == 12 and data["agreement"] == 1.0 and data["first_divergence"] is None  # fp32: lossless
+    config = data["config"]
+    assert config["generation"]["budget"] == METHODS["draft-tree"].default_budget
+    graft = config["options"]["graft"]
+    assert (graft["draft_model"], graft["depth"], graft["top_k"], graft["draft_dtype"]) == (tiny_draft_dir, 2, 3, "float32")
+    assert config["draft_model"] == {"name_or_path": tiny_draft_dir, "dtype": "float32"}
+    assert data["stats"]["proposed_by_source"]["draft"] > 0
+
+
+def test_calibrate_then_generate_graft(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"turns": [p], "response": r}) + "\n" for p, r in corpus_records(5)))
+    calibration = str(tmp_path / "calib.json")
+    code, _, err = run_cli(
+        monkeypatch, capsys, "calibrate", "--model", tiny_model_dir, "--draft-model", tiny_draft_dir, "--corpus", str(corpus),
+        "--out", calibration, "--prompts", "2", "--max-new-tokens", "8", "--dtype", "float32", "--threads", "1",
+    )
+    assert code == 0, err
+    # calibrated at the budget generate uses without --budget
+    assert load_calibration(calibration).draft["budget"] == METHODS["graft"].default_budget
+
+    args = ["generate", "--model", tiny_model_dir, "--dtype", "float32", "--method", "graft", "--draft-model", tiny_draft_dir,
+            "--calibration", calibration, "--max-new-tokens", "12", "--threads", "1"]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--compare", "--json", PROMPT)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["agreement"] == 1.0 and data["first_divergence"] is None
+    assert data["config"]["options"]["graft"]["calibration"] == calibration
+    assert data["config"]["generation"]["budget"] == METHODS["graft"].default_budget
+    # streaming: the summary line names the budget in use
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--budget", "5", PROMPT)
+    assert code == 0, err
+    assert out.strip() and "[graft] budget 5 nodes" in " ".join(err.split())  # rich wraps long lines
+
+
+def test_calibration_for_another_vocabulary(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir, tmp_path):
+    from specgraft.calibrate import save_calibration
+    from tests.test_graft import make_calibration
+
+    calibration = save_calibration(make_calibration(vocab=TINY_VOCAB + 4), tmp_path / "other.json")
+    code, _, err = run_cli(
+        monkeypatch, capsys, "generate", "--model", tiny_model_dir, "--method", "graft", "--draft-model", tiny_draft_dir,
+        "--calibration", str(calibration), "w5",
+    )
+    assert code == 2 and f"the model's vocabulary is {TINY_VOCAB}" in err
 
 
 def test_empty_prompt_and_unknown_model(monkeypatch, capsys, tiny_model_dir, tmp_path):
@@ -64,6 +163,7 @@ def test_json_output_fields(monkeypatch, capsys, tiny_model_dir):
     assert data["new_tokens"] == 12 and data["method"] == "pld"
     assert data["agreement"] == 1.0 and data["first_divergence"] is None  # fp32: lossless
     assert data["mat"] == pytest.approx(12 / data["steps"], abs=1e-3)
+    assert data["config"]["generation"]["budget"] == METHODS["pld"].default_budget
 
 
 def test_streaming_output(monkeypatch, capsys, tiny_model_dir):
@@ -72,6 +172,7 @@ def test_streaming_output(monkeypatch, capsys, tiny_model_dir):
     )
     assert code == 0, err
     assert out.strip() and "MAT" in err
+    assert f"[recycling] budget {METHODS['recycling'].default_budget} nodes" in " ".join(err.split())  # rich wraps long lines
 
 
 def test_models_list(monkeypatch, capsys, tmp_path):

@@ -7,7 +7,6 @@ draft confidences exactly where a test needs a given pruning stage.
 from __future__ import annotations
 
 import json
-import types
 from collections import Counter
 from typing import Sequence
 
@@ -38,7 +37,8 @@ from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.draft_model import PRESETS, DraftModelDrafter, DraftTreeConfig, ModelDraft
 from specgraft.drafters.recycling import SuccessorMatrix
 from specgraft.engine import SpecEngine
-from specgraft.methods_graft import GRAFT_METHODS, GraftOptions, build_graft_method, register_graft_methods
+from specgraft.methods import METHODS, MethodOptions
+from specgraft.methods_graft import GRAFT_METHODS, GraftOptions, build_graft_method
 from specgraft.models.hf import HFTarget
 from specgraft.tree.build import merge_drafts
 from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, rank_template
@@ -440,20 +440,21 @@ def test_calibrate_command(tmp_path, tiny_model_dir):
 
 
 def test_registry_entries_build_from_method_options(tiny_model_dir):
-    methods: dict = {}
-    register_graft_methods(methods)
-    assert sorted(methods) == sorted(GRAFT_METHODS) == sorted(VARIANTS)
-    # MethodOptions gains `graft: GraftOptions`; any object with that attribute works here
-    options = types.SimpleNamespace(graft=GraftOptions(draft_model=tiny_model_dir, draft_dtype="float32"))
+    assert sorted(m for m in METHODS if METHODS[m].needs_draft_model) == sorted(GRAFT_METHODS) == sorted(VARIANTS)
+    options = MethodOptions(graft=GraftOptions(draft_model=tiny_model_dir, draft_dtype="float32"))
     model = tiny_llama()
-    drafters, composer = methods["graft"].build(96, options)
-    again, _ = methods["graft-tail"].build(96, options)
+    drafters, composer = METHODS["graft"].build(96, options)
+    again, _ = METHODS["graft-tail"].build(96, options)
     assert drafters[0].lm.hf.model is again[0].lm.hf.model, "decoders alive together share the loaded draft model"
     engine = SpecEngine(HFTarget(model), drafters, composer, method="graft")
     prompt = [5, 6, 7, 5, 6, 7]
     assert engine.generate_ids(prompt, GenerationConfig(max_new_tokens=12, budget=16)) == hf_greedy(model, prompt, 12)
     with pytest.raises(ValueError, match="needs a draft model"):
-        methods["draft-tree"].build(96, types.SimpleNamespace(graft=GraftOptions()))
+        METHODS["draft-tree"].build(96, MethodOptions())
+    # a loaded model passed to build is used as it is
+    own = tiny_llama(seed=3)
+    drafters, _ = METHODS["draft-tree"].build(96, MethodOptions(), own)
+    assert drafters[0].lm.hf.model is own
 
 
 def test_variant_names_are_validated():

@@ -12,7 +12,7 @@ def main() -> None:
     try:
         typer.run(bench)
     except (ValueError, FileNotFoundError) as e:
-        Console(stderr=True, highlight=False).print(f"error: {e}")
+        Console(stderr=True, highlight=False).print(f"error: {e}", soft_wrap=True, markup=False)
         sys.exit(2)
 
 

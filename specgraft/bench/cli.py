@@ -10,14 +10,20 @@ from typing import Optional
 
 import typer
 
+from specgraft.methods import method_names  # imports no torch
+
 
 def bench(
     model: str = typer.Option(..., "--model", "-m", help="Target: catalog name, local directory or Hugging Face id."),
-    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model (same tokenizer) for hf-assisted."),
+    draft_model: Optional[str] = typer.Option(
+        None, "--draft-model",
+        help="Draft model (same tokenizer), loaded once for hf-assisted, draft-tree and the graft variants.",
+    ),
     methods: str = typer.Option(
         "ar,pld,recycling", "--methods",
-        help="Comma list of registry methods (ar, pld, recycling, ...) and peers hf, hf-pld, hf-assisted. "
-        "'all' = every registry method and peer. ar always runs (the baseline); hf runs whenever a peer does.",
+        help=f"Comma list of registry methods ({', '.join(method_names())}) and peers hf, hf-pld, hf-assisted. "
+        "'all' = every registry method and peer (those needing a draft model only with --draft-model). "
+        "ar always runs (the baseline); hf runs whenever a peer does.",
     ),
     suite: str = typer.Option(
         "spec-bench", "--suite",
@@ -27,9 +33,13 @@ def bench(
     per_task: Optional[int] = typer.Option(None, "--per-task", help="First N prompts of each task, in file order."),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="New tokens per generation."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16, float16 or float32."),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="auto (float32 on CPUs without native bf16; the resolved dtype is recorded), bfloat16, float16 or float32."
+    ),
     seed: int = typer.Option(0, "--seed", help="Sampling seed and torch's global seed."),
-    budget: int = typer.Option(24, "--budget", help="Tree nodes verified per step."),
+    budget: Optional[int] = typer.Option(
+        None, "--budget", help="Tree nodes verified per step (default: each method's default budget; recorded)."
+    ),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; recorded)."),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md, plots/."),
     resume: bool = typer.Option(False, "--resume", help="Continue a run in --out, skipping finished rows."),
@@ -39,6 +49,9 @@ def bench(
         "default ../shared/data/bench/alpaca_eagle80.jsonl when it exists, else skipped.",
     ),
     recycling_state: Optional[str] = typer.Option(None, "--recycling-state", help="Successor matrix .npz for recycling."),
+    calibration: Optional[str] = typer.Option(
+        None, "--calibration", help="Calibration JSON from `specgraft calibrate` for the graft variants."
+    ),
 ) -> None:
     """Benchmark methods against plain decoding and Hugging Face generate on real prompt sets."""
     from specgraft.bench.runner import BenchConfig, run_benchmark
@@ -46,7 +59,7 @@ def bench(
     config = BenchConfig(
         model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, per_task=per_task,
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
-        threads=threads, resume=resume, alpaca_path=alpaca_path, recycling_state=recycling_state,
+        threads=threads, resume=resume, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
     )
     report = run_benchmark(config)
     typer.echo(report.read_text())

@@ -56,7 +56,8 @@ class SpecgraftMethod:
 
     def __init__(self, decoder: SpecDecoder, config: GenerationConfig):
         self.decoder = decoder
-        self.config = config
+        # the engine gets a number: no budget means the method's default
+        self.config = decoder.resolve(config)
         self.name = decoder.method
 
     def run(self, ids: Sequence[int]) -> MethodRun:

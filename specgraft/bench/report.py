@@ -252,6 +252,20 @@ def time_table(summary: Summary) -> list[str]:
     return _table(["method", "ms per new token", *PHASES], rows)
 
 
+def _dtype(cfg: dict) -> str:
+    """``"float32 (auto)"`` when ``auto`` was resolved, else the dtype."""
+    resolved = cfg.get("resolved_dtype") or cfg.get("dtype")
+    return f"{resolved} ({cfg['dtype']})" if cfg.get("dtype") not in (None, resolved) else str(resolved)
+
+
+def _budgets(cfg: dict) -> str:
+    """``"ar 1, pld 8"`` from a run's resolved budgets (runs before they were recorded: one number)."""
+    budgets = cfg.get("budgets")
+    if not budgets:
+        return str(cfg.get("budget"))
+    return ", ".join(f"{m} {b}" for m, b in budgets.items())
+
+
 def render_markdown(summary: Summary, run_info: dict | None = None, plots: Sequence[str] = ()) -> str:
     run_info = run_info or {}
     lines = ["# specgraft benchmark", ""]
@@ -264,8 +278,8 @@ def render_markdown(summary: Summary, run_info: dict | None = None, plots: Seque
         lines += [
             f"- model `{cfg.get('model')}`"
             + (f", draft model `{cfg['draft_model']}`" if cfg.get("draft_model") else "")
-            + f", dtype {cfg.get('dtype')}, temperature {cfg.get('temperature')}"
-            + f", max new tokens {cfg.get('max_new_tokens')}, budget {cfg.get('budget')} nodes per step",
+            + f", dtype {_dtype(cfg)}, temperature {cfg.get('temperature')}"
+            + f", max new tokens {cfg.get('max_new_tokens')}, budget (nodes per step) {_budgets(cfg)}",
             f"- machine: {env.get('cpu_model')}, {env.get('cpu_count')} CPUs, torch threads {env.get('torch_threads')}; {env.get('platform')}",
             "- versions: " + ", ".join(f"{k} {v}" for k, v in pk.items() if v),
             f"- suites: {', '.join(run_info.get('suite', {}).get('sources', []))}",

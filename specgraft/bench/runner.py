@@ -42,6 +42,7 @@ from specgraft.bench.peers import PEERS, HFPeer
 from specgraft.bench.records import RESULTS_FILE, ResultRow, append_row, read_rows
 from specgraft.bench.repetition import self_repetition
 from specgraft.methods import METHODS, MethodOptions, method_names
+from specgraft.methods_graft import GraftOptions, load_draft_model
 
 RUN_FILE = "run.json"
 WARMUP_PROMPT = "Say hello in one short sentence."
@@ -61,23 +62,28 @@ class BenchConfig:
     """Output directory: results.jsonl, run.json, report.md, plots/."""
     methods: tuple[str, ...] = ("ar", "pld", "recycling")
     """Registry methods and peers (``hf``, ``hf-pld``, ``hf-assisted``); a comma string is split;
-    ``"all"`` = every registry method and every peer (``hf-assisted`` when a draft model is given).
+    ``"all"`` = every registry method and every peer (those that need a draft model, such as
+    ``draft-tree``, the Graft variants and ``hf-assisted``, only when one is given).
     ``ar`` always runs (it is the baseline), and ``hf`` whenever a peer runs (the peers' baseline)."""
     suite: str = "spec-bench"
     """Comma list of ``spec-bench``, ``humaneval``, ``mt-bench``, ``eagle`` or JSONL paths, each
     optionally ``:N`` for its own prompts per task, e.g. ``spec-bench:3,humaneval:6``."""
     draft_model: str | None = None
-    """Draft model for ``hf-assisted`` (same tokenizer as the target)."""
+    """Draft model (same tokenizer as the target), loaded once for ``hf-assisted``, ``draft-tree``
+    and the Graft variants."""
     per_task: int | None = None
     """First N prompts of each task, in file order (None = all)."""
     max_new_tokens: int = 128
     temperature: float = 0.0
     """0 = greedy."""
-    dtype: str = "bfloat16"
+    dtype: str = "auto"
+    """Of the target and the draft model; ``auto`` is float32 on CPUs without native bf16 (where
+    bf16 is emulated and slower); the resolved dtype is recorded (``resolved_dtype``)."""
     seed: int = 0
     """Sampling seed (ours and the peers'), and torch's global seed."""
-    budget: int = 24
-    """Tree nodes verified per step, for every registry method."""
+    budget: int | None = None
+    """Tree nodes verified per step, for every registry method; None = each method's
+    ``default_budget`` (the resolved ones are recorded: :attr:`budgets`)."""
     threads: int | None = None
     """torch threads; None keeps torch's default (it is recorded either way)."""
     resume: bool = False
@@ -86,6 +92,8 @@ class BenchConfig:
     """EAGLE's alpaca set (CC BY-NC 4.0, not packaged); default ../shared/data/bench/alpaca_eagle80.jsonl."""
     recycling_state: str | None = None
     """Successor matrix (.npz from ``specgraft warmup``) that Token Recycling starts from."""
+    calibration: str | None = None
+    """Calibration JSON from ``specgraft calibrate`` for the Graft variants (thresholds + matrix)."""
     warmup_tokens: int = 16
     """New tokens of each method's warm-up generation."""
     progress: bool = True
@@ -98,7 +106,8 @@ class BenchConfig:
         methods = self.methods.split(",") if isinstance(self.methods, str) else list(self.methods)
         methods = [m.strip() for m in methods if m.strip()]
         if methods == ["all"]:
-            methods = [*method_names(), *(p for p in PEERS if p != "hf-assisted" or self.draft_model)]
+            ours = [m for m in method_names() if self.draft_model or not METHODS[m].needs_draft_model]
+            methods = [*ours, *(p for p in PEERS if p != "hf-assisted" or self.draft_model)]
         object.__setattr__(self, "methods", tuple(methods))
         if not self.model:
             raise ValueError("no model given")
@@ -112,13 +121,17 @@ class BenchConfig:
             raise ValueError(f"a method is listed twice in {','.join(methods)}")
         if "hf-assisted" in methods and not self.draft_model:
             raise ValueError("method hf-assisted needs --draft-model")
+        options = self.method_options()
+        for m in methods:
+            if m in METHODS:
+                METHODS[m].check(options)  # e.g. draft-tree without --draft-model, a missing calibration
         for spec in self.suite.split(","):
             parse_suite_spec(spec)
         if self.per_task is not None and self.per_task < 1:
             raise ValueError(f"per_task must be >= 1, got {self.per_task}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not isinstance(self.budget, int) or self.budget < 1:
+        if self.budget is not None and (not isinstance(self.budget, int) or self.budget < 1):
             raise ValueError(f"budget must be an integer >= 1, got {self.budget!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
@@ -138,9 +151,34 @@ class BenchConfig:
             peers = ["hf", *peers]
         return ("ar", *ours, *peers)
 
+    @property
+    def resolved_dtype(self) -> str:
+        """``dtype`` with ``auto`` resolved on this machine, e.g. ``"float32"``."""
+        from specgraft.models.hf import parse_dtype
+
+        return str(parse_dtype(self.dtype)).replace("torch.", "")
+
+    @property
+    def budgets(self) -> dict[str, int]:
+        """Nodes verified per step by each registry method that runs: ``budget``, else its default.
+
+        >>> BenchConfig(model="m", out="o", methods="pld").budgets
+        {'ar': 1, 'pld': 8}
+        """
+        return {
+            m: self.budget if self.budget is not None else METHODS[m].default_budget for m in self.run_methods if m in METHODS
+        }
+
+    def method_options(self) -> MethodOptions:
+        """The options every registry method is built with."""
+        graft = GraftOptions(draft_model=self.draft_model, draft_dtype=self.dtype, calibration=self.calibration)
+        return MethodOptions(recycling_state=self.recycling_state, graft=graft)
+
     def comparable(self) -> dict[str, Any]:
-        """Fields that must be equal for rows from two sessions to be reported together."""
-        keep = ("model", "draft_model", "max_new_tokens", "temperature", "dtype", "seed", "budget", "threads", "recycling_state")
+        """Fields that must be equal for rows from two sessions to be reported together
+        (``budgets`` only for the methods both sessions run)."""
+        keep = ("model", "draft_model", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
+                "recycling_state", "calibration")
         return {k: getattr(self, k) for k in keep}
 
     def to_dict(self) -> dict[str, Any]:
@@ -150,7 +188,7 @@ class BenchConfig:
         """The equivalent ``specgraft bench`` command line.
 
         >>> BenchConfig(model="m", out="o", suite="humaneval:2").to_command()
-        'specgraft bench --model m --methods ar,pld,recycling --suite humaneval:2 --max-new-tokens 128 --temperature 0.0 --dtype bfloat16 --seed 0 --budget 24 --out o'
+        'specgraft bench --model m --methods ar,pld,recycling --suite humaneval:2 --max-new-tokens 128 --temperature 0.0 --dtype auto --seed 0 --out o'
         """
         parts = ["specgraft", "bench", "--model", self.model]
         if self.draft_model:
@@ -159,13 +197,17 @@ class BenchConfig:
         if self.per_task is not None:
             parts += ["--per-task", str(self.per_task)]
         parts += ["--max-new-tokens", str(self.max_new_tokens), "--temperature", str(self.temperature)]
-        parts += ["--dtype", self.dtype, "--seed", str(self.seed), "--budget", str(self.budget)]
+        parts += ["--dtype", self.dtype, "--seed", str(self.seed)]
+        if self.budget is not None:
+            parts += ["--budget", str(self.budget)]
         if self.threads is not None:
             parts += ["--threads", str(self.threads)]
         if self.alpaca_path:
             parts += ["--alpaca-path", self.alpaca_path]
         if self.recycling_state:
             parts += ["--recycling-state", self.recycling_state]
+        if self.calibration:
+            parts += ["--calibration", self.calibration]
         parts += ["--out", self.out]
         return " ".join(shlex.quote(p) for p in parts)
 
@@ -208,32 +250,22 @@ class LoadedModels:
 
 
 def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
-    """Load the target once (and the draft model); check that their tokenizers agree."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """Load the target once, and the draft model once (same loader, dtype and CPU kernels as the
+    target; its tokenizer must have the target's vocabulary)."""
     from specgraft.api import SpecDecoder
-    from specgraft.models.catalog import resolve_model
-    from specgraft.models.hf import parse_dtype
 
     decoder = SpecDecoder.from_pretrained(cfg.model, method="ar", dtype=cfg.dtype, options=options, progress=cfg.progress)
     if decoder.tokenizer is None:
         raise ValueError(f"model {cfg.model!r} has no tokenizer; the benchmark needs one")
     draft = None
     if cfg.draft_model:
-        path = resolve_model(cfg.draft_model, progress=cfg.progress)
-        draft_tok = AutoTokenizer.from_pretrained(path)
-        if draft_tok.get_vocab() != decoder.tokenizer.get_vocab():
-            raise ValueError(f"draft model {cfg.draft_model!r} has a different vocabulary from {cfg.model!r}")
-        draft = AutoModelForCausalLM.from_pretrained(path, dtype=parse_dtype(cfg.dtype)).eval()
+        draft = load_draft_model(cfg.draft_model, cfg.dtype, progress=cfg.progress, target_tokenizer=decoder.tokenizer)
     return LoadedModels(decoder, draft)
 
 
 def build_methods(cfg: BenchConfig, models: LoadedModels, options: MethodOptions) -> dict[str, BenchMethod]:
-    """One :class:`BenchMethod` per name in ``cfg.run_methods``, all over the one loaded target.
-
-    Registry methods get ``options`` (issue 4's draft-model methods will take the loaded draft
-    model here, once :class:`MethodOptions` carries one).
-    """
+    """One :class:`BenchMethod` per name in ``cfg.run_methods``, all over the one loaded target;
+    the peer ``hf-assisted`` and our draft-model methods share the one loaded draft model."""
     config = models.decoder.make_config(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed, budget=cfg.budget
     )
@@ -245,7 +277,8 @@ def build_methods(cfg: BenchConfig, models: LoadedModels, options: MethodOptions
                 name, models.decoder.model, eos, cfg.max_new_tokens, cfg.temperature, cfg.seed, assistant_model=models.draft
             )
         else:
-            out[name] = SpecgraftMethod(models.decoder.with_method(name, options), config)
+            draft = models.draft if METHODS[name].needs_draft_model else None
+            out[name] = SpecgraftMethod(models.decoder.with_method(name, options, draft_model=draft), config)
     return out
 
 
@@ -293,8 +326,15 @@ def _check_resume(out: Path, cfg: BenchConfig) -> None:
     if not run_file.exists():
         return
     before = json.loads(run_file.read_text())["config"]
-    now = cfg.comparable()
-    diff = {k: (before.get(k), v) for k, v in now.items() if before.get(k) != v}
+    diff = {}
+    for key, now in cfg.comparable().items():
+        then = before.get(key)
+        if key == "budgets" and isinstance(then, dict):
+            # a resumed session may add or drop methods: compare those both sessions run
+            then = {m: b for m, b in then.items() if m in now}
+            now = {m: b for m, b in now.items() if m in then}
+        if then != now:
+            diff[key] = (then, now)
     if diff:
         detail = ", ".join(f"{k}: {a!r} before, {b!r} now" for k, (a, b) in diff.items())
         raise ValueError(f"cannot resume {out}: the run was made with a different config ({detail})")
@@ -344,14 +384,16 @@ def _open_results(cfg: BenchConfig) -> tuple[Path, dict[tuple[str, int, str], Re
 
 def _write_run_info(cfg: BenchConfig, suite: Suite, session: Session, notes: list[str]) -> dict[str, Any]:
     run_file = Path(cfg.out) / RUN_FILE
-    previous = json.loads(run_file.read_text()).get("sessions", []) if run_file.exists() else []
+    before = json.loads(run_file.read_text()) if run_file.exists() else {}
+    # budgets of methods only earlier sessions ran stay on record for the next resume check
+    budgets = {**before.get("config", {}).get("budgets", {}), **cfg.budgets}
     info = {
-        "config": {**cfg.to_dict(), "run_methods": list(cfg.run_methods)},
+        "config": {**cfg.to_dict(), "run_methods": list(cfg.run_methods), "resolved_dtype": cfg.resolved_dtype, "budgets": budgets},
         "command": cfg.to_command(),
         "environment": session.environment,
         "suite": {"sources": list(suite.sources), "tasks": suite.tasks, "prompts": len(suite.prompts)},
         "notes": notes,
-        "sessions": [*previous, session.id],
+        "sessions": [*before.get("sessions", []), session.id],
     }
     run_file.write_text(json.dumps(info, indent=2))
     return info
@@ -421,10 +463,10 @@ def run_benchmark(cfg: BenchConfig, console: Console | None = None) -> Path:
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    options = MethodOptions(recycling_state=cfg.recycling_state)
+    options = cfg.method_options()
     models = load_models(cfg, options)
     methods = build_methods(cfg, models, options)
-    session = Session(_session_id(), cfg, environment(cfg.dtype), models.decoder)
+    session = Session(_session_id(), cfg, environment(cfg.resolved_dtype), models.decoder)
 
     has_template = bool(getattr(models.decoder.tokenizer, "chat_template", None))
     notes = list(suite.notes)
