@@ -90,7 +90,10 @@ class SpecDecoder:
             draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, str(self.target.device), progress, tokenizer)
         self.draft_model = draft_model
         drafters, composer = self.spec.build(self.target.vocab_size, options, draft_model)
-        self.engine = SpecEngine(self.target, drafters, composer, method=method, eos_token_ids=eos_ids(tokenizer, model))
+        self.engine = SpecEngine(
+            self.target, drafters, composer, method=method, eos_token_ids=eos_ids(tokenizer, model),
+            default_budget=self.spec.default_budget,
+        )
         self.last_output: GenerationOutput | None = None
 
     @classmethod

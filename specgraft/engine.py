@@ -38,12 +38,15 @@ class SpecEngine:
         composer: Composer | None = None,
         method: str = "",
         eos_token_ids: Sequence[int] = (),
+        default_budget: int = 8,
     ):
         self.target = target
         self.drafters = list(drafters)
         self.composer = composer if composer is not None else MergeComposer()
         self.method = method or "+".join(d.name for d in self.drafters) or "ar"
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        # used when a GenerationConfig leaves the budget to the method (budget=None)
+        self.default_budget = default_budget
         self.needs_hidden = any(d.needs_hidden for d in self.drafters)
         self.last_stats = GenerationStats(method=self.method)
 
@@ -86,6 +89,7 @@ class SpecEngine:
         complete once the iterator is exhausted (or closed).
         """
         self.check_prompt(prompt)
+        config = config.with_default_budget(self.default_budget)
         stats = self.last_stats = GenerationStats(method=self.method, prompt_tokens=len(prompt))
         sampling = config.sampling
         generator = None

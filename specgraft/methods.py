@@ -4,7 +4,7 @@ Adding a method means adding an entry here (its build function, its default budg
 drafter/composer modules, never editing the engine.
 
 >>> method_names()
-['ar', 'draft-tree', 'graft', 'graft-fixed', 'graft-prune', 'graft-root', 'graft-tail', 'pld', 'recycling']
+['ar', 'draft-tree', 'graft', 'graft-fixed', 'graft-prune', 'graft-root', 'graft-tail', 'pld', 'ptd', 'recycling']
 >>> METHODS["graft"].default_budget, METHODS["graft"].needs_draft_model
 (8, True)
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from specgraft.composers.base import Composer
     from specgraft.drafters.base import Drafter
     from specgraft.drafters.pld import PLDConfig
+    from specgraft.drafters.ptd import PTDConfig
     from specgraft.drafters.recycling import RecyclingConfig
 
 #: Nodes verified per step when the user gives no budget. Placeholders until a benchmark sweep
@@ -35,6 +36,7 @@ DEFAULT_BUDGETS: dict[str, int] = {
     "ar": 1,  # no drafters: the budget is never used
     "pld": 8,
     "recycling": 8,
+    "ptd": 8,
     "draft-tree": 8,
     "graft-prune": 8,
     "graft-fixed": 8,
@@ -48,6 +50,12 @@ def _pld_config() -> PLDConfig:
     from specgraft.drafters.pld import PLDConfig
 
     return PLDConfig()
+
+
+def _ptd_config() -> PTDConfig:
+    from specgraft.drafters.ptd import PTDConfig
+
+    return PTDConfig()
 
 
 def _recycling_config() -> RecyclingConfig:
@@ -65,6 +73,8 @@ class MethodOptions:
     recycling: RecyclingConfig = field(default_factory=_recycling_config)
     recycling_state: str | None = None
     """``.npz`` successor matrix to start from (``specgraft warmup`` writes one)."""
+    ptd: PTDConfig = field(default_factory=_ptd_config)
+    """Width and depth limits, budget share and seed of PTD's perturbation draft tree."""
     graft: GraftOptions = field(default_factory=GraftOptions)
     """Draft model, preset and calibration of ``draft-tree`` and the Graft variants."""
 
@@ -113,6 +123,13 @@ def _recycling(vocab: int, opts: MethodOptions, draft_model: Any = None) -> tupl
     return [RecyclingDrafter(vocab, opts.recycling, matrix)], MergeComposer()
 
 
+def _ptd(vocab: int, opts: MethodOptions, draft_model: Any = None) -> tuple[list[Drafter], Composer]:
+    from specgraft.composers.base import MergeComposer
+    from specgraft.drafters.ptd import PTDDrafter
+
+    return [PTDDrafter(opts.ptd)], MergeComposer()
+
+
 def _spec(name: str, summary: str, build: Build, needs_draft_model: bool = False) -> MethodSpec:
     return MethodSpec(name, summary, build, DEFAULT_BUDGETS[name], needs_draft_model)
 
@@ -124,6 +141,9 @@ METHODS: dict[str, MethodSpec] = {
         _spec("pld", "prompt lookup: copies of earlier spans of prompt + output, branches as a tree", _pld),
         _spec(
             "recycling", "Token Recycling: top-k successor matrix refreshed from the target's logits, static template", _recycling
+        ),
+        _spec(
+            "ptd", "Progressive Tree Drafting: the target drafts for itself from a perturbation tree fed in the same pass", _ptd
         ),
         *(
             _spec(name, summary, partial(build_from_method_options, name), needs_draft_model=True)

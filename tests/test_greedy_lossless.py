@@ -46,11 +46,11 @@ def test_greedy_equals_plain_decoding(arch):
     model = TINY_MODELS[arch]()
     vocab = model.config.vocab_size
     engines = {}
-    for name in ("ar", "pld", "recycling"):
+    for name in ("ar", "pld", "recycling", "ptd"):
         drafters, composer = get_method(name).build(vocab, MethodOptions())
         engines[name] = SpecEngine(HFTarget(model), drafters, composer, method=name)
     config = GenerationConfig(max_new_tokens=MAX_NEW, budget=16)
-    mats = {"pld": [], "recycling": []}
+    mats = {"pld": [], "recycling": [], "ptd": []}
     for prompt, repetitive in make_prompts(vocab=vocab):
         reference = hf_greedy(model, prompt, MAX_NEW)
         for name, engine in engines.items():
