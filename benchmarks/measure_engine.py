@@ -7,6 +7,9 @@ our ``ar`` (plain decoding through the same adapter), ``pld``, ``recycling``, Hu
 time(ar) / time(method) per prompt. Prints a markdown table and writes JSON.
 
     python benchmarks/measure_engine.py --model qwen2.5-coder-1.5b-instruct --out benchmarks/engine_issue2.json
+
+Each method runs at its default budget (``specgraft.methods.DEFAULT_BUDGETS``) unless
+``--budget`` is given; the budgets used are written to the JSON.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--budget", type=int, default=24)
+    ap.add_argument("--budget", type=int, default=None, help="nodes per step (default: each method's own default budget)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--data", default=str(SHARED))
     ap.add_argument("--out", default="benchmarks/engine_issue2.json")
@@ -63,6 +66,7 @@ def main() -> None:
     methods = {m: dec.with_method(m) for m in ("ar", "pld", "recycling")}
     config = SpecDecoder.make_config(max_new_tokens=args.max_new_tokens, budget=args.budget)
     warm = SpecDecoder.make_config(max_new_tokens=8, budget=args.budget)
+    budgets = {m: args.budget or d.spec.default_budget for m, d in methods.items()}
     prompts = first_prompts(Path(args.data))
     ids0 = methods["ar"].encode(prompts[-1][1], chat=True)
     for d in methods.values():
@@ -91,9 +95,11 @@ def main() -> None:
             row[name] = {"time_s": secs, "new_tokens": len(toks), "speedup": base.stats.total_s / secs, "agreement": frac, "first_divergence": first}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    meta = {"model": args.model, "dtype": args.dtype, "threads": torch.get_num_threads(), "max_new_tokens": args.max_new_tokens,
-            "budget": args.budget, "torch": torch.__version__, "machine": platform.processor() or platform.machine()}
+    meta = {"model": args.model, "dtype": str(dec.target.dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
+            "max_new_tokens": args.max_new_tokens, "budgets": budgets, "torch": torch.__version__,
+            "machine": platform.processor() or platform.machine()}
     Path(args.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"\nbudgets {budgets}, dtype {meta['dtype']}, threads {meta['threads']}")
     print("\n| task | prompt tok | ar tok/s | pld speedup (MAT) | recycling speedup (MAT) | HF plain | HF prompt lookup | pld overhead | recycling overhead | agreement pld / rec |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:

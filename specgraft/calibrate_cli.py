@@ -22,8 +22,11 @@ def calibrate(
     draft_model: str = typer.Option(..., "--draft-model", help="Draft model sharing the target's tokenizer."),
     corpus: list[str] = typer.Option(..., help="JSONL with `turns` and `response` (repeatable), disjoint from benchmarks."),
     out_path: str = typer.Option(..., "--out", help="Calibration JSON to write (the matrix goes beside it as .npz)."),
-    limit: int = typer.Option(200, help="Corpus records teacher-forced into the successor matrix."),
-    prompts: int = typer.Option(8, help="Further corpus records decoded to calibrate the thresholds."),
+    limit: int = typer.Option(200, help="Records per corpus teacher-forced into the successor matrix (0 = none)."),
+    prompts: int = typer.Option(8, help="Further records per corpus decoded to calibrate the thresholds."),
+    matrix: Optional[str] = typer.Option(
+        None, "--matrix", help="Start from this successor matrix (.npz from an earlier calibration or `specgraft warmup`)."
+    ),
     max_new_tokens: int = typer.Option(64, help="Tokens decoded per calibration prompt."),
     preset: str = typer.Option("cpu", help="Draft preset: cpu (depth 4, top-k 6) or gpu (depth 8, top-k 10)."),
     budget: Optional[int] = typer.Option(
@@ -63,15 +66,29 @@ def calibrate(
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    records = []
+    # per corpus: the first `limit` records warm the matrix up, the next `prompts` are decoded
+    warm, held_out = [], []
     for path in corpus:
-        records += read_corpus(path, limit=limit + prompts)
-    if len(records) < prompts + 1:
-        raise ValueError(f"the corpus has {len(records)} records; need more than --prompts ({prompts})")
-    # the last `prompts` records are decoded; the rest warm the matrix up
-    held_out = records[-prompts:]
-    warm = records[:-prompts][:limit]
+        records = read_corpus(path, limit=limit + prompts)
+        if len(records) <= prompts:
+            raise ValueError(f"corpus {path!r} has {len(records)} records; need more than --prompts ({prompts})")
+        warm += records[: len(records) - prompts]
+        held_out += records[len(records) - prompts :]
+    start = None
+    if matrix is not None:
+        from specgraft.drafters.recycling import SuccessorMatrix
+
+        start = SuccessorMatrix.load(matrix)
+        if start.k != k:
+            raise ValueError(f"matrix {matrix!r} has k={start.k} successors per token, but --k is {k}")
     dec = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype)
+    if start is not None:
+        if start.vocab_size != dec.target.vocab_size:
+            raise ValueError(f"matrix {matrix!r} has {start.vocab_size} rows but the model's vocabulary is {dec.target.vocab_size}")
+        if warm:
+            from specgraft.warmup import warm_up_matrix
+
+            warm_up_matrix(dec.target, dec.tokenizer, warm, start, chat=chat, progress=True)
     draft = load_draft_model(draft_model, draft_dtype, target_tokenizer=dec.tokenizer)
     check_vocab(dec.target.vocab_size, draft.get_output_embeddings().weight.shape[0])
     prompt_ids = [dec.encode(prompt, chat=chat) for prompt, _ in held_out if prompt]
@@ -84,9 +101,10 @@ def calibrate(
     cal = run_calibration(
         dec.target, draft, dec.tokenizer, warm, prompt_ids,
         depth=p.depth, top_k=p.top_k, checkpoints=p.checkpoints, budget=budget,
-        max_new_tokens=max_new_tokens, k=k, chat=chat, progress=True,
+        max_new_tokens=max_new_tokens, k=k, chat=chat, progress=True, matrix=start,
         meta={"method": method, "model": model, "draft_model": draft_model, "dtype": dtype, "draft_dtype": draft_dtype,
               "preset": preset, "corpus": list(corpus), "warm_records": len(warm), "prompts": len(prompt_ids),
+              "start_matrix": matrix,
               "max_new_tokens": max_new_tokens, "threads": torch.get_num_threads()},
     )
     cal.draft["preset"] = preset

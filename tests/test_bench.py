@@ -86,7 +86,9 @@ def alpaca_file(tmp_path_factory):
 
 
 def config(target: str, out: Path, **kw) -> BenchConfig:
-    base = dict(model=target, out=str(out), max_new_tokens=MAX_NEW, dtype="float32", threads=1, warmup_tokens=2, progress=False)
+    base = dict(
+        model=target, out=str(out), max_new_tokens=MAX_NEW, dtype="float32", threads=1, warmup_tokens=2, progress=False, bracket=False
+    )
     return BenchConfig(**(base | kw))
 
 
@@ -217,10 +219,11 @@ def test_bad_config(kw, message):
 
 
 def test_run_order():
-    assert BenchConfig(model="m", out="o", methods="hf-pld,recycling").run_methods == ("ar", "recycling", "hf", "hf-pld")
+    assert BenchConfig(model="m", out="o", methods="hf-pld,recycling").run_methods == ("ar", "recycling", "hf", "hf-pld", "ar-end")
+    assert BenchConfig(model="m", out="o", methods="pld", bracket=False).run_methods == ("ar", "pld")
     everything = BenchConfig(model="m", out="o", methods="all", draft_model="d").run_methods
-    assert set(everything) == set(METHODS) | set(PEERS)
-    without_draft = BenchConfig(model="m", out="o", methods="all").run_methods
+    assert set(everything) == set(METHODS) | set(PEERS) | {"ar-end"}
+    without_draft = BenchConfig(model="m", out="o", methods="all", bracket=False).run_methods
     assert set(without_draft) == {m for m in METHODS if not METHODS[m].needs_draft_model} | {"hf", "hf-pld"}
 
 
@@ -307,6 +310,26 @@ def test_full_run_every_suite(target_dir, alpaca_file, tmp_path):
     assert run_info["config"]["run_methods"] == ["ar", "pld", "recycling", "hf", "hf-pld"]
 
 
+def test_bracketed_run_uses_the_mean_of_both_ar_runs(target_dir, tmp_path):
+    out = tmp_path / "bracketed"
+    report = run_benchmark(config(target_dir, out, suite="humaneval:2", methods="ar,pld", bracket=True))
+    rows = read_rows(out / RESULTS_FILE)
+    assert [r.method for r in rows] == ["ar", "pld", "ar-end"] * 2, "ar first and last on every input"
+    check_rows_consistent(rows)
+    by = {(r.prompt_id, r.method): r for r in rows}
+    ends = [r for r in rows if r.method == "ar-end"]
+    assert all(r.tokens == by[(r.prompt_id, "ar")].tokens and r.agreement["exact"] for r in ends)
+    summary = summarize(rows)
+    assert "ar-end" not in summary.methods
+    cell = summary.cell("pld", OVERALL)
+    expected = sum((by[(p, "ar")].time_s + by[(p, "ar-end")].time_s) / 2 for p in {r.prompt_id for r in rows})
+    assert cell.ar_time_s == pytest.approx(expected)
+    assert len(summary.drift[OVERALL]) == 2
+    text = report.read_text()
+    assert "## Baseline drift" in text and "median ar-end / ar time" in text
+    assert "--no-bracket" not in text and "--no-bracket" in config(target_dir, out).to_command()
+
+
 def test_resume_skips_finished_rows(target_dir, tmp_path):
     out = tmp_path / "run"
     run_benchmark(config(target_dir, out, suite="humaneval:1,mt-bench:1", methods="ar,pld"))
@@ -346,7 +369,7 @@ def test_cli_with_draft_model(target_dir, draft_dir, tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     rows = read_rows(out / RESULTS_FILE)
-    assert [r.method for r in rows] == ["ar", "hf", "hf-assisted"]
+    assert [r.method for r in rows] == ["ar", "hf", "hf-assisted", "ar-end"], "the CLI brackets by default"
     assert "hf-assisted (HF)" in result.output
     bad = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "cli2"), "--suite", "nope"])
     assert isinstance(bad.exception, ValueError) and "unknown suite 'nope'" in str(bad.exception)

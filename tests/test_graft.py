@@ -432,6 +432,15 @@ def test_calibrate_command(tmp_path, tiny_model_dir):
     assert result.exit_code == 0, result.output
     cal = load_calibration(out, vocab_size=96)
     assert cal.meta["draft_model"] == tiny_model_dir and cal.checkpoints == PRESETS["cpu"].checkpoints
+    assert cal.meta["warm_records"] == 3 and cal.meta["prompts"] == 2, "per corpus: warm-up records first, then prompts"
+    # a second calibration starts from the first one's matrix and warms up no further
+    again = tmp_path / "again.json"
+    result = CliRunner().invoke(app, [*args[:args.index("--out") + 1], str(again), *args[args.index("--out") + 2:], "--matrix", str(out.with_suffix(".npz")), "--limit", "0"])
+    assert result.exit_code == 0, result.output
+    second = load_calibration(again, vocab_size=96)
+    assert second.meta["warm_records"] == 0 and second.meta["start_matrix"] == str(out.with_suffix(".npz"))
+    known = lambda c: set(np.flatnonzero(c.matrix.table[:, 0] >= 0).tolist())  # noqa: E731
+    assert known(cal) <= known(second), "rows the first calibration knew are still known: it started from that matrix"
     result = CliRunner().invoke(app, [*args[:-8], "--method", "draft-tree"])
     assert isinstance(result.exception, ValueError) and "calibration is for graft or graft-prune" in str(result.exception)
 

@@ -136,6 +136,24 @@ def test_proposal_maps_probe_rows_back_after_a_shared_row():
     assert set(drafter.pool[3].children) == {8}
 
 
+def test_a_capped_tree_keeps_sliding():
+    """With fewer probe rows than the depth limit, stepping happens at the cap: the tree moves on."""
+    drafter = PTDDrafter(PTDConfig(init_width=0, max_depth=6, seed=1))
+    drafter.begin([3], None)
+    tokens = iter(range(10, 100))
+    tops = []
+    for _ in range(8):
+        d = drafter.propose([3, 1], budget=6)  # 3 probe rows
+        tree = DraftTree(tokens=d.tokens, parents=d.parents, sources=["ptd"] * len(d), probe=d.probe)
+        logits = torch.zeros(len(d) + 1, 100)
+        for row in range(1, len(d) + 1):
+            logits[row, next(tokens)] = 1.0  # a new greedy token at every fed node
+        drafter.observe(StepResult(root_token=1, tree=tree, verify=VerifyResult([], 0), logits=logits, context=[3, 1, 0]))
+        assert drafter.tree.depth() <= 3
+        tops.append(drafter.tree.top.token)
+    assert len(set(tops[-4:])) == 4, f"the top must advance every pass once the tree is full, got {tops}"
+
+
 def test_config_validation():
     for bad in (dict(max_children=0), dict(max_depth=0), dict(init_width=5), dict(probe_share=1.0)):
         with pytest.raises(ValueError):

@@ -43,6 +43,10 @@ def bench(
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; recorded)."),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md, plots/."),
     resume: bool = typer.Option(False, "--resume", help="Continue a run in --out, skipping finished rows."),
+    bracket: bool = typer.Option(
+        True, "--bracket/--no-bracket",
+        help="Run ar again after the other methods on every prompt and use the mean of the two ar times as the baseline.",
+    ),
     alpaca_path: Optional[str] = typer.Option(
         None, "--alpaca-path",
         help="EAGLE's alpaca set (CC BY-NC 4.0, not packaged) for --suite eagle; "
@@ -59,7 +63,7 @@ def bench(
     config = BenchConfig(
         model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, per_task=per_task,
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
-        threads=threads, resume=resume, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
+        threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
     )
     report = run_benchmark(config)
     typer.echo(report.read_text())

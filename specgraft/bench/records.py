@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_FILE = "results.jsonl"
+#: Method name of the second ``ar`` run on the same input (the runner's ``bracket`` option).
+AR_END = "ar-end"
 
 
 @dataclass

@@ -5,6 +5,8 @@ Definitions used in every table (the report states them too):
 - **speedup** of a method on a task = total ``ar`` time / total method time, summed over the
   task's generations (prompt, turn) that both ran; the overall speedup is the same ratio over all
   generations. ``vs HF`` is the same ratio with HF plain ``generate`` (``hf``) as the baseline.
+  When the run was bracketed (``ar-end`` rows: ``ar`` again after every other method on the same
+  input), a generation's ``ar`` time is the mean of its two ``ar`` runs.
 - **decode speedup** = the same ratio with each generation's prefill taken out (our methods only).
 - **MAT** = total new tokens / total steps, bonus token included; peers have no observable steps.
 - **tokens/s** = total new tokens / total generation time.
@@ -27,18 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from specgraft.bench.records import RESULTS_FILE, ResultRow, read_rows
+from specgraft.bench.records import AR_END, RESULTS_FILE, ResultRow, read_rows
 from specgraft.bench.repetition import SelfRepetition
 
 OVERALL = "overall"
 PHASES = ("prefill", "draft", "forward", "verify", "commit", "observe")
 
 DEFINITIONS = """\
-- **speedup** (per task) = total `ar` time / total method time over the task's generations (each prompt and turn); **overall** = the same ratio over all generations. `vs HF` uses HF plain `generate` (`hf`) as the baseline instead of our `ar`.
+- **speedup** (per task) = total `ar` time / total method time over the task's generations (each prompt and turn); **overall** = the same ratio over all generations. `vs HF` uses HF plain `generate` (`hf`) as the baseline instead of our `ar`. In a bracketed run `ar` runs twice on every input, first and last (`ar-end`), and its time is the mean of the two, so a drift of the machine's speed during a prompt cancels to first order; the *baseline drift* table shows how far the two runs differed.
 - **decode speedup** = the same ratio with each generation's prefill time taken out (`ar` time - `ar` prefill) / (method time - method prefill); only for our methods, whose engine times its prefill. Long prompts (summarization, RAG) spend much of their time in prefill on a CPU.
 - **MAT** = new tokens / steps, **bonus token included**; HF peers expose no steps, so their MAT is `-`.
 - **tokens/s** = new tokens / generation time (prefill included), `time.perf_counter()` around generation only, after a warm-up, every method in the same process with the same dtype and threads.
-- **agreement** with `ar` on the same input ids: exact outputs / generations, mean fraction of equal positions, earliest first divergence (token index). Greedy verification is lossless; in bf16 the tree pass and the one-token pass round differently, so outputs may drift after a near-tie.
+- **agreement** with `ar` on the same input ids: exact outputs / generations, mean fraction of equal positions, earliest first divergence (token index). Greedy verification is lossless, but a pass over several rows and a one-row pass round differently (bf16 much more than fp32), so outputs may drift after a near-tie.
 - **retrieval ceiling** = READER's self-repetition metric (sec. 4.1) over the `ar` outputs: response tokens / pointer advances when each advance takes the longest continuation found in the input or the already-processed output; the MAT an infinite retrieval tree over prompt + history would reach (without counting a bonus token).
 - Each method has its own engine over the one loaded model and runs one short warm-up generation on a prompt outside the suites; drafters that learn across generations (Token Recycling's successor matrix) keep that state through the run, in prompt order.
 - Absolute times on a shared machine are noisy; ratios measured in one run are the meaningful figures."""
@@ -97,13 +99,15 @@ class Cell:
     def mean_fraction_equal(self) -> float:
         return self.fraction_equal_sum / self.generations if self.generations else 0.0
 
-    def add(self, row: ResultRow, ar: ResultRow | None, hf: ResultRow | None) -> None:
+    def add(self, row: ResultRow, ar: ResultRow | None, hf: ResultRow | None, ar_end: ResultRow | None = None) -> None:
+        """Pool ``row``; its baseline is ``ar`` (the mean of ``ar`` and ``ar_end`` when bracketed)."""
         assert ar is not None, f"no ar row for prompt {row.prompt_id!r} turn {row.turn}"
+        bases = [ar] if ar_end is None else [ar, ar_end]
         self.generations += 1
         self.new_tokens += row.new_tokens
         self.time_s += row.time_s
-        self.ar_time_s += ar.time_s
-        self.ar_prefill_s += (ar.time_breakdown_s or {}).get("prefill", 0.0)
+        self.ar_time_s += sum(b.time_s for b in bases) / len(bases)
+        self.ar_prefill_s += sum((b.time_breakdown_s or {}).get("prefill", 0.0) for b in bases) / len(bases)
         if row.time_breakdown_s is None or self.prefill_s is None:
             self.prefill_s = None
         else:
@@ -140,6 +144,8 @@ class Summary:
     # task -> number of distinct prompts
     prompts: dict[str, int]
     sessions: list[str]
+    # task -> ar-end time / ar time of every bracketed generation (OVERALL included; empty if none)
+    drift: dict[str, list[float]] = field(default_factory=dict)
 
     def cell(self, method: str, task: str) -> Cell | None:
         return self.cells.get((method, task))
@@ -149,17 +155,24 @@ def summarize(rows: Sequence[ResultRow]) -> Summary:
     """Pool rows per (method, task) and overall; speedups pair each row with ``ar`` (and ``hf``)
     on the same (prompt, turn)."""
     by_key = {r.key: r for r in rows}
-    methods = list(dict.fromkeys(r.method for r in rows))
+    methods = list(dict.fromkeys(r.method for r in rows if r.method != AR_END))
     if "ar" in methods:
         methods = ["ar", *[m for m in methods if m != "ar"]]
     tasks = list(dict.fromkeys(r.task for r in rows))
     cells: dict[tuple[str, str], Cell] = {}
+    drift: dict[str, list[float]] = {}
     for r in rows:
         ar = by_key.get((r.prompt_id, r.turn, "ar"))
+        if r.method == AR_END:
+            if ar is not None and ar.time_s > 0:
+                for task in (r.task, OVERALL):
+                    drift.setdefault(task, []).append(r.time_s / ar.time_s)
+            continue
         hf = by_key.get((r.prompt_id, r.turn, "hf"))
+        ar_end = by_key.get((r.prompt_id, r.turn, AR_END))
         for task in (r.task, OVERALL):
             cell = cells.setdefault((r.method, task), Cell(r.method, task, r.peer))
-            cell.add(r, ar, hf)
+            cell.add(r, ar, hf, ar_end)
     ceiling = {}
     for task in [*tasks, OVERALL]:
         parts = [
@@ -172,7 +185,7 @@ def summarize(rows: Sequence[ResultRow]) -> Summary:
     prompts = {t: len({r.prompt_id for r in rows if r.task == t}) for t in tasks}
     prompts[OVERALL] = len({r.prompt_id for r in rows})
     sessions = list(dict.fromkeys(r.session for r in rows))
-    return Summary(methods, tasks, cells, ceiling, prompts, sessions)
+    return Summary(methods, tasks, cells, ceiling, prompts, sessions, drift)
 
 
 # -- markdown ------------------------------------------------------------------------------
@@ -225,6 +238,24 @@ def ceiling_table(summary: Summary) -> list[str]:
             *[_f(c.mat) if (c := summary.cell(m, task)) else "-" for m in ours],
         ])
     return _table(header, rows)
+
+
+def drift_table(summary: Summary) -> list[str]:
+    """How far the second ``ar`` run of each input differed from the first, per task.
+
+    >>> s = Summary([], ["t"], {}, {}, {}, [], {"t": [1.02, 0.9, 1.1], OVERALL: [1.02, 0.9, 1.1]})
+    >>> drift_table(s)[2]
+    '| t | 3 | 1.02 | 0.90 | 1.10 | 7.3% |'
+    """
+    rows = []
+    for task in [*summary.tasks, OVERALL]:
+        ratios = sorted(summary.drift.get(task, []))
+        if not ratios:
+            continue
+        median = ratios[len(ratios) // 2] if len(ratios) % 2 else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+        spread = sum(abs(x - 1) for x in ratios) / len(ratios)
+        rows.append([task, str(len(ratios)), _f(median), _f(ratios[0]), _f(ratios[-1]), _f(100 * spread, 1, "%")])
+    return _table(["task", "generations", "median ar-end / ar time", "min", "max", "mean absolute difference"], rows)
 
 
 def source_table(summary: Summary) -> list[str]:
@@ -289,6 +320,14 @@ def render_markdown(summary: Summary, run_info: dict | None = None, plots: Seque
     sr = summary.ceiling.get(OVERALL)
     lines += [f"## Overall ({summary.prompts[OVERALL]} prompts; retrieval ceiling {_f(sr.value if sr else None)})", ""]
     lines += task_table(summary, OVERALL) + [""]
+    if summary.drift:
+        lines += [
+            "## Baseline drift",
+            "",
+            "`ar` ran twice on every input, before and after the other methods; the ratio of the two times shows how much "
+            "the machine's speed moved during a prompt (speedups use their mean).",
+            "",
+        ] + drift_table(summary) + [""]
     lines += ["## MAT beside the retrieval ceiling", ""] + ceiling_table(summary) + [""]
     for task in summary.tasks:
         sr = summary.ceiling.get(task)

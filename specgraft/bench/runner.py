@@ -39,7 +39,7 @@ from specgraft.bench.contract import BenchMethod, MethodRun, SpecgraftMethod, wi
 from specgraft.bench.datasets import BenchPrompt, Suite, load_suite, parse_suite_spec
 from specgraft.bench.environment import environment
 from specgraft.bench.peers import PEERS, HFPeer
-from specgraft.bench.records import RESULTS_FILE, ResultRow, append_row, read_rows
+from specgraft.bench.records import AR_END, RESULTS_FILE, ResultRow, append_row, read_rows
 from specgraft.bench.repetition import self_repetition
 from specgraft.methods import METHODS, MethodOptions, method_names
 from specgraft.methods_graft import GraftOptions, load_draft_model
@@ -53,7 +53,7 @@ class BenchConfig:
     """Everything that defines a benchmark run; validated on construction.
 
     >>> BenchConfig(model="m", out="o", methods="pld,hf-pld").run_methods
-    ('ar', 'pld', 'hf', 'hf-pld')
+    ('ar', 'pld', 'hf', 'hf-pld', 'ar-end')
     """
 
     model: str
@@ -96,6 +96,10 @@ class BenchConfig:
     """Calibration JSON from ``specgraft calibrate`` for the Graft variants (thresholds + matrix)."""
     warmup_tokens: int = 16
     """New tokens of each method's warm-up generation."""
+    bracket: bool = True
+    """Run ``ar`` again after the other methods on every input (rows named ``ar-end``); speedups
+    then use the mean of the two ``ar`` times, which cancels a slow drift of the machine's speed
+    over the minutes a prompt takes, and the report prints how far the two runs differ."""
     progress: bool = True
     """Show a progress bar and print the resolved config."""
 
@@ -144,12 +148,13 @@ class BenchConfig:
 
     @property
     def run_methods(self) -> tuple[str, ...]:
-        """Run order per prompt: ``ar``, our other methods, then ``hf`` and the other peers."""
+        """Run order per prompt: ``ar``, our other methods, ``hf`` and the other peers, then
+        ``ar-end`` (``ar`` again) when bracketing."""
         ours = [m for m in self.methods if m in METHODS and m != "ar"]
         peers = [m for m in self.methods if m in PEERS and m != "hf"]
         if peers or "hf" in self.methods:
             peers = ["hf", *peers]
-        return ("ar", *ours, *peers)
+        return ("ar", *ours, *peers, *((AR_END,) if self.bracket else ()))
 
     @property
     def resolved_dtype(self) -> str:
@@ -178,7 +183,7 @@ class BenchConfig:
         """Fields that must be equal for rows from two sessions to be reported together
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
-                "recycling_state", "calibration")
+                "recycling_state", "calibration", "bracket")
         return {k: getattr(self, k) for k in keep}
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,6 +213,8 @@ class BenchConfig:
             parts += ["--recycling-state", self.recycling_state]
         if self.calibration:
             parts += ["--calibration", self.calibration]
+        if not self.bracket:
+            parts += ["--no-bracket"]
         parts += ["--out", self.out]
         return " ".join(shlex.quote(p) for p in parts)
 
@@ -276,6 +283,8 @@ def build_methods(cfg: BenchConfig, models: LoadedModels, options: MethodOptions
             out[name] = HFPeer(
                 name, models.decoder.model, eos, cfg.max_new_tokens, cfg.temperature, cfg.seed, assistant_model=models.draft
             )
+        elif name == AR_END:
+            out[name] = SpecgraftMethod(models.decoder.with_method("ar", options), config)
         else:
             draft = models.draft if METHODS[name].needs_draft_model else None
             out[name] = SpecgraftMethod(models.decoder.with_method(name, options, draft_model=draft), config)
@@ -284,7 +293,9 @@ def build_methods(cfg: BenchConfig, models: LoadedModels, options: MethodOptions
 
 def warm_up(methods: dict[str, BenchMethod], ids: list[int], tokens: int) -> None:
     """One short generation per method so no method pays for first-call allocations."""
-    for m in methods.values():
+    for name, m in methods.items():
+        if name == AR_END:
+            continue  # the same engine kind as ar, already warm
         if isinstance(m, HFPeer):
             m.run(ids, max_new_tokens=tokens)
         else:

@@ -40,8 +40,9 @@ candidate tree is ``on``.
   ``round(probe_share * budget)`` nodes at most (paper GPU runs fed about as many draft as
   verify tokens, Table 4's Dft/Ver); the candidates get the rest. When the draft tree would
   outgrow its cap, the newest leaves off the *main line* (the chain of earliest-added
-  children from the top, the part stepping keeps) are dropped first, so the main line always
-  deepens and stepping still happens.
+  children from the top, the part stepping keeps) are dropped first. Stepping uses the depth
+  limit ``min(max_depth, cap)``: a tree capped below ``max_depth`` nodes could otherwise
+  never reach the depth that triggers stepping, and would freeze instead of sliding forward.
 - *Which candidates.* When the pool trie has more nodes than the candidate budget, nodes are
   taken best-first by recency (the last pass that confirmed them), then by how often they
   were merged: the most recent drafts were made from the most recent context.
@@ -245,8 +246,10 @@ class PTDDrafter:
         self.tree: PerturbationTree | None = None
         self.pool: dict[int, PoolNode] = {}
         self.passes = 0
-        # the draft-tree nodes fed in the last proposal, in the order of its probe nodes
+        # the draft-tree nodes fed in the last proposal, parents first
         self._fed: list[DraftNode] = []
+        # draft-tree node cap of the last proposal (it bounds the stepping depth)
+        self._cap = config.max_depth
 
     def prefill_topk_k(self) -> int:
         return 0
@@ -268,7 +271,8 @@ class PTDDrafter:
         """Candidates from ``pool[context[-1]]`` plus the draft tree as probe nodes, ``budget`` rows at most."""
         assert self.tree is not None, "begin() first"
         n_probe = self.probe_budget(budget)
-        self.tree.cap(max(n_probe, 1))
+        self._cap = max(n_probe, 1)
+        self.tree.cap(self._cap)
         nodes = self.tree.nodes()[:n_probe]
         trie = self.pool.get(int(context[-1]))
         cand_tokens, cand_parents = pool_candidates(trie, budget - len(nodes)) if trie is not None else ([], [])
@@ -306,7 +310,7 @@ class PTDDrafter:
         # [fed] greedy token at every fed draft-tree node
         greedy = step.logits[row_ids].argmax(dim=-1).tolist()
         self.tree.expand(dict(zip(rows.keys(), greedy, strict=True)), self.config.max_children)
-        if self.tree.depth() > self.config.max_depth:
+        if self.tree.depth() > min(self.config.max_depth, self._cap):
             self.tree.step()
         self.passes += 1
         for sub in self.tree.subtrees():
