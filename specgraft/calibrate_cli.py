@@ -70,8 +70,9 @@ def calibrate(
     warm, held_out = [], []
     for path in corpus:
         records = read_corpus(path, limit=limit + prompts)
-        if len(records) <= prompts:
-            raise ValueError(f"corpus {path!r} has {len(records)} records; need more than --prompts ({prompts})")
+        need = prompts + min(limit, 1)  # the prompts, and a warm-up record unless --limit 0
+        if len(records) < need:
+            raise ValueError(f"corpus {path!r} has {len(records)} records; need at least {need} (--prompts {prompts}, --limit {limit})")
         warm += records[: len(records) - prompts]
         held_out += records[len(records) - prompts :]
     start = None
