@@ -11,13 +11,19 @@ verify (the ``K_draft(s)`` best nodes of the layers drafted before checkpoint ``
 plus, for ``graft``, the stage's retrieved nodes) and the dense tree, verify their union in one
 target forward and read off each tree's accepted length ``a_s`` (greedy acceptance of a
 sub-tree only depends on its own nodes' rows). We also measure the time of one draft forward
-``t_draft`` and of one verify forward of ``K`` nodes ``t_verify``. A threshold vector ``tau``
-sends a step to stage ``s(tau) =`` the first checkpoint with ``c_d <= tau_d`` (else the dense
-tree), where it would cost ``t_verify + f_s * t_draft`` (``f_s`` = draft forwards done before
-stopping: ``d + 1`` at checkpoint ``d``) and yield ``a_s + 1`` tokens. We choose, jointly over
-the checkpoints, the ``tau`` maximising the predicted throughput
+``t_draft`` and of a verify forward of ``n`` nodes ``t_verify(n)`` for every ``n <= K``. A
+threshold vector ``tau`` sends a step to stage ``s(tau) =`` the first checkpoint with
+``c_d <= tau_d`` (else the dense tree), where it would cost ``t_verify(n_s) + f_s * t_draft``
+(``n_s`` = nodes of that step's stage tree, ``f_s`` = draft forwards done before stopping:
+``d + 1`` at checkpoint ``d``) and yield ``a_s + 1`` tokens. We choose, jointly over the
+checkpoints, the ``tau`` maximising the predicted throughput
 
-    sum over steps (a_s(tau) + 1)  /  sum over steps (t_verify + f_s(tau) * t_draft)
+    sum over steps (a_s(tau) + 1)  /  sum over steps (t_verify(n_s(tau)) + f_s(tau) * t_draft)
+
+Verify time by node count matters on CPUs, where each row of a pass costs a few percent of a
+decode step: a ``graft-prune`` tree cut to ``K_draft`` nodes is cheaper to verify than a full
+``graft`` tree of ``K`` nodes. (On a GPU ``t_verify`` is flat up to ``K`` and this reduces to
+the scalar model.)
 
 over candidates ``{0 (never prune), the observed c_d at quantiles 5%..95%, 1 (always)}`` per
 checkpoint (ties go to the least pruning). This is the paper's objective (Eq. 3: MAT loss
@@ -179,6 +185,8 @@ class Recording:
     accepted: dict[str, list[list[int]]] = field(default_factory=dict)
     # [J + 1] draft forwards spent by each stage (last: the dense tree)
     forwards: list[int] = field(default_factory=list)
+    # variant -> [steps, J + 1] nodes of each stage's tree (last column: the dense tree)
+    sizes: dict[str, list[list[int]]] = field(default_factory=dict)
     draft_forward_s: list[float] = field(default_factory=list)
 
 
@@ -199,7 +207,7 @@ def choose_thresholds(
     confidences: np.ndarray,
     accepted: np.ndarray,
     forwards: Sequence[int],
-    t_verify: float,
+    t_verify: float | np.ndarray,
     t_draft: float,
     quantiles: Sequence[float] = tuple(np.linspace(0.05, 0.95, 19)),
 ) -> ThresholdChoice:
@@ -207,7 +215,8 @@ def choose_thresholds(
 
     Example: one checkpoint (at the root), two steps with ``c = [0.1, 0.9]``; stopping at the
     root accepts ``[1, 0]`` nodes with 1 draft forward, the dense tree ``[1, 3]`` with 4;
-    ``t_verify = 1``, ``t_draft = 0.5``. Never pruning: 6 tokens in 6 s; ``tau = 0.1`` prunes
+    ``t_verify = 1`` (a scalar, or ``[steps, J + 1]`` per step and stage), ``t_draft = 0.5``.
+    Never pruning: 6 tokens in 6 s; ``tau = 0.1`` prunes
     the first step: ``2 + 4`` tokens in ``1.5 + 3`` s, the best:
 
     >>> c = choose_thresholds(np.array([[0.1], [0.9]]), np.array([[1, 1], [0, 3]]), [1, 4], 1.0, 0.5)
@@ -220,7 +229,8 @@ def choose_thresholds(
     assert acc.shape == (steps, n_checkpoints + 1), f"accepted must be [steps, {n_checkpoints + 1}], got {acc.shape}"
     assert steps > 0, "no calibration steps were recorded"
     # [J + 1]
-    step_time = t_verify + np.asarray(forwards, dtype=np.float64) * t_draft
+    # [steps, J + 1]
+    step_time = np.broadcast_to(np.asarray(t_verify, dtype=np.float64), acc.shape) + np.asarray(forwards, dtype=np.float64) * t_draft
     rows = np.arange(steps)
     candidates = [
         np.unique(np.concatenate([[0.0, 1.0], np.quantile(conf[:, j], quantiles, method="lower")])) for j in range(n_checkpoints)
@@ -231,11 +241,11 @@ def choose_thresholds(
         fails = conf <= np.asarray(taus)
         # [steps]: first failing checkpoint, or J (dense)
         stage = np.where(fails.any(axis=1), fails.argmax(axis=1), n_checkpoints)
-        rate = float((acc[rows, stage] + 1).sum() / step_time[stage].sum())
+        rate = float((acc[rows, stage] + 1).sum() / step_time[rows, stage].sum())
         if best is None or rate > best[0] * (1 + 1e-9):
             best = (rate, tuple(float(t) for t in taus), stage)
     rate, taus, stage = best
-    dense = float((acc[:, -1] + 1).sum() / (step_time[-1] * steps))
+    dense = float((acc[:, -1] + 1).sum() / step_time[:, -1].sum())
     share = tuple(float((stage == s).mean()) for s in range(n_checkpoints + 1))
     mean_tokens = float((acc[rows, stage] + 1).mean())
     return ThresholdChoice(thresholds=taus, tokens_per_s=rate, dense_tokens_per_s=dense, stage_share=share, mean_tokens=mean_tokens)
@@ -278,7 +288,7 @@ def record_steps(
     """Greedy decoding of ``prompts`` with the union of every stage tree; see the module docstring."""
     checkpoints = drafter.config.checkpoints
     assert drafter.config.thresholds is None, "record with an ungated drafter (thresholds=None)"
-    rec = Recording(accepted={v: [] for v in composers})
+    rec = Recording(accepted={v: [] for v in composers}, sizes={v: [] for v in composers})
     rec.forwards = [d + 1 for d in checkpoints] + [drafter.config.depth]
     it = prompts
     if progress:
@@ -318,6 +328,7 @@ def record_steps(
                 dense = greedy_accepted(trees[0], row_of, argmax)
                 for variant, per_stage in stage_trees.items():
                     rec.accepted[variant].append([greedy_accepted(t, row_of, argmax) for t in per_stage] + [dense])
+                    rec.sizes[variant].append([len(t) for t in per_stage] + [len(trees[0])])
             step = StepResult(root_token=context[-1], tree=union, verify=result, logits=out.logits, context=context)
             new = step.new_tokens
             context.extend(new)
@@ -334,20 +345,30 @@ def trim_tree(draft: ModelDraft, budget: int) -> DraftTree:
     return DraftTree(tokens=kept.tokens, parents=kept.parents, sources=[kept.source] * len(kept))
 
 
-def measure_verify_s(target: HFTarget, prompt: Sequence[int], budget: int, reps: int = 3) -> float:
-    """Median wall time of a verify forward of ``budget`` nodes after ``prompt`` (a chain; the shape
-    does not change the cost)."""
+def measure_verify_s(target: HFTarget, prompt: Sequence[int], budget: int, reps: int = 3) -> list[float]:
+    """Median wall time of a verify forward of ``n`` nodes after ``prompt``, for ``n = 0 .. budget``
+    (chains; the shape does not change the cost). Sizes are interleaved across repetitions so a
+    drift of the machine's speed spreads over all of them."""
     target.reset()
     target.prefill(list(prompt[:-1]))
-    chain = DraftTree(tokens=[int(prompt[-1])] * budget, parents=list(range(-1, budget - 1)), sources=["x"] * budget)
-    times = []
-    for _ in range(reps + 1):
-        t0 = time.perf_counter()
-        target.forward_tree(int(prompt[-1]), chain)
-        times.append(time.perf_counter() - t0)
-        target.commit([0])
+    root = int(prompt[-1])
+    times: list[list[float]] = [[] for _ in range(budget + 1)]
+    for rep in range(reps + 1):
+        for n in range(budget + 1):
+            chain = DraftTree(tokens=[root] * n, parents=list(range(-1, n - 1)), sources=["x"] * n)
+            t0 = time.perf_counter()
+            target.forward_tree(root, chain)
+            elapsed = time.perf_counter() - t0
+            target.commit([0])
+            # drop the committed root again: every pass sees the same cache
+            for layer in target.cache.layers:
+                layer.keys = layer.keys[..., : target.past_len - 1, :]
+                layer.values = layer.values[..., : target.past_len - 1, :]
+            target.past_len -= 1
+            if rep:
+                times[n].append(elapsed)
     target.reset()
-    return statistics.median(times[1:])
+    return [statistics.median(t) for t in times]
 
 
 def run_calibration(
@@ -383,7 +404,7 @@ def run_calibration(
     drafter = DraftModelDrafter(draft_model, config, target_vocab=target.vocab_size)
     composers = {v: GraftComposer(GraftConfig(variant=v, k=matrix.k), matrix=matrix) for v in CALIBRATED_VARIANTS}
     retrieval = GraftRetrieval(target.vocab_size, composers["graft"].planner, matrix)
-    t_verify = measure_verify_s(target, prompts[0], budget)
+    t_verify_by_nodes = measure_verify_s(target, prompts[0], budget)
     rec = record_steps(target, drafter, retrieval, composers, prompts, max_new_tokens, budget, progress=progress)
     if not rec.confidences:
         raise ValueError("calibration recorded no steps (prompts too long for the context window?)")
@@ -393,6 +414,8 @@ def run_calibration(
     conf = np.asarray(rec.confidences)
     for variant in CALIBRATED_VARIANTS:
         acc = np.asarray(rec.accepted[variant])
+        # [steps, J + 1] verify time of each step's tree at each stage
+        t_verify = np.asarray(t_verify_by_nodes)[np.minimum(np.asarray(rec.sizes[variant]), budget)]
         choice = choose_thresholds(conf, acc, rec.forwards, t_verify, t_draft)
         thresholds[variant] = choice.thresholds
         report[variant] = {
@@ -402,6 +425,7 @@ def run_calibration(
             "predicted_tokens_per_step": round(choice.mean_tokens, 4),
             "stage_share": [round(s, 4) for s in choice.stage_share],
             "mean_accepted_per_stage": [round(float(a), 4) for a in acc.mean(axis=0)],
+            "mean_nodes_per_stage": [round(float(n), 2) for n in np.asarray(rec.sizes[variant]).mean(axis=0)],
         }
     report["confidence_quantiles"] = {
         str(d): [round(float(x), 4) for x in np.quantile(conf[:, j], [0.1, 0.25, 0.5, 0.75, 0.9])]
@@ -412,7 +436,11 @@ def run_calibration(
         thresholds=thresholds,
         matrix=matrix,
         draft={"depth": depth, "top_k": top_k, "budget": budget},
-        costs={"draft_forward_s": round(t_draft, 6), "verify_s": round(t_verify, 6)},
+        costs={
+            "draft_forward_s": round(t_draft, 6),
+            "verify_s": round(t_verify_by_nodes[budget], 6),
+            "verify_s_by_nodes": [round(t, 6) for t in t_verify_by_nodes],
+        },
         report=report,
         meta=dict(meta or {}),
     )

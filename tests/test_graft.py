@@ -317,6 +317,12 @@ def test_choose_thresholds_prunes_only_when_it_pays():
     # free drafting: never prune
     choice = choose_thresholds(conf, accepted, [1, 4], t_verify=1.0, t_draft=0.0)
     assert choice.thresholds == (0.0,) and choice.stage_share == (0.0, 1.0)
+    # free drafting, but a pruned tree is smaller and verifies in half the time (a CPU): prune
+    # the steps where the dense tree gains nothing
+    per_stage = np.array([[0.5, 1.0]] * 4)
+    choice = choose_thresholds(conf, accepted, [1, 4], t_verify=per_stage, t_draft=0.0)
+    assert choice.thresholds == (0.2,) and choice.stage_share == (0.5, 0.5)
+    assert choice.tokens_per_s == pytest.approx((1 + 1 + 4 + 4) / (0.5 + 0.5 + 1 + 1))
 
 
 def make_calibration(vocab: int = 96) -> Calibration:

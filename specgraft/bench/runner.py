@@ -168,7 +168,7 @@ class BenchConfig:
         """Nodes verified per step by each registry method that runs: ``budget``, else its default.
 
         >>> BenchConfig(model="m", out="o", methods="pld").budgets
-        {'ar': 1, 'pld': 8}
+        {'ar': 1, 'pld': 4}
         """
         return {
             m: self.budget if self.budget is not None else METHODS[m].default_budget for m in self.run_methods if m in METHODS

@@ -42,18 +42,17 @@ lists, which are then drawn fresh. In the default deterministic mode no ``draft_
 set (sampling then verifies by sample-and-match, exact for any candidates).
 
 **Presets.** ``PRESETS["gpu"]`` is the paper's setting (depth 8, top-k 10, 60 nodes,
-checkpoints after the root, depth 1 and depth 5). ``PRESETS["cpu"]`` (depth 4, top-k 6, 24
+checkpoints after the root, depth 1 and depth 5). ``PRESETS["cpu"]`` (depth 4, top-k 2, 8
 nodes, checkpoints after the root and depths 1 and 2; the last forward never saves anything by
-stopping) was chosen by reasoning from the costs first quoted for this machine: a
-Qwen2.5-Coder-0.5B draft forward at ~0.37 of a 1.5B target step and a verify pass of up to
-~32 tokens at ~1 step, so a step of depth ``D`` costs ~``1 + 0.37 D`` target steps; with
-acceptance ~0.7-0.8 per draft token a layer's expected gain falls below its cost after depth
-3-4, and top-k 6 buys width at no extra cost per forward. Measured later on the 2-core AVX2
-host (float32 + oneDNN linears, 64 greedy tokens of one code prompt): target step 0.31 s,
-verify of 25 rows ~1.0 s (~3 steps), draft forward of 6 rows ~0.2 s (~0.66 step), so a depth-4
-step costs ~6 target steps and even MAT 4.9 gave 0.78x; there deeper trees (the per-step verify
-cost dominates) and ``specgraft calibrate`` (which prunes when drafting does not pay) matter
-more than these defaults, which a benchmark sweep should revisit.
+stopping) was measured on the 2-core AVX2 host, fp32 with prepacked oneDNN linears: a 1.5B
+target step costs ~0.3 s and every extra verified row ~0.03 s (8 nodes: ~1.8 steps), a 0.5B
+draft forward ~0.13-0.19 s. So width is not free here as on a GPU, and a draft layer is about
+half a target step. Over one mt_bench, one summarization and one HumanEval prompt (64 greedy
+tokens) depth 4 / top-k 2 / 8 nodes gave 0.95x / 0.93x / 1.68x (MAT 2.9 / 4.0 / 4.3), depth 3 /
+top-k 1 / 4 nodes 0.94x / 1.05x / 1.64x and depth 2 / top-k 3 / 6 nodes 1.03x / 0.95x / 1.92x:
+differences within this machine's noise. The deeper shape is kept because it leaves Graft's
+checkpoints the most draft forwards to save (``specgraft calibrate`` then prunes when drafting
+does not pay).
 """
 
 from __future__ import annotations
@@ -130,7 +129,7 @@ class DraftPreset:
 
 PRESETS: dict[str, DraftPreset] = {
     "gpu": DraftPreset(depth=8, top_k=10, checkpoints=(0, 1, 5), thresholds=(0.14, 0.14, 0.49), budget=60),
-    "cpu": DraftPreset(depth=4, top_k=6, checkpoints=(0, 1, 2), thresholds=(0.14, 0.14, 0.49), budget=24),
+    "cpu": DraftPreset(depth=4, top_k=2, checkpoints=(0, 1, 2), thresholds=(0.14, 0.14, 0.49), budget=8),
 }
 
 
