@@ -102,18 +102,31 @@ def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
 
 
 def truncate_depth(tree: DraftTree, max_depth: int) -> DraftTree:
-    """Drop nodes deeper than ``max_depth`` (children of the root have depth 1).
+    """Drop candidate nodes deeper than ``max_depth`` (children of the root have depth 1).
 
     >>> t = DraftTree(tokens=[5, 9, 4, 2], parents=[-1, 0, 1, 0], sources=["pld"] * 4)
     >>> truncate_depth(t, 2).tokens
     [5, 9, 2]
+
+    Probe nodes (``DraftTree.probe``) are kept whenever their parent is (the root counts as
+    kept): they are never accepted, so ``max_depth`` (the engine passes the tokens still to
+    emit) does not apply to them. Their positions stay inside the context window because the
+    whole tree has at most ``budget`` nodes and the engine keeps the budget within the room
+    left. A probe under a dropped candidate is dropped with it, so the result stays a closed
+    tree. Trees without probes are cut exactly as before.
+
+    >>> p = DraftTree(tokens=[5, 9, 7, 8], parents=[-1, 0, -1, 2], sources=["ptd"] * 4,
+    ...               probe=[False, False, True, True])
+    >>> cut = truncate_depth(p, 1)
+    >>> cut.tokens, cut.parents, cut.probe
+    ([5, 7, 8], [-1, -1, 1], [False, True, True])
     """
     depth: list[int] = []
-    keep: list[int] = []
+    kept: list[bool] = []
     for i, p in enumerate(tree.parents):
         depth.append(1 if p < 0 else depth[p] + 1)
-        if depth[i] <= max_depth:
-            keep.append(i)
+        kept.append(depth[i] <= max_depth or (tree.is_probe(i) and (p < 0 or kept[p])))
+    keep = [i for i, k in enumerate(kept) if k]
     if len(keep) == len(tree):
         return tree
     new_index = {old: new for new, old in enumerate(keep)}
