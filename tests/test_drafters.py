@@ -17,16 +17,61 @@ def test_find_matches_most_recent_first():
 
 
 def test_pld_branches_when_matches_continue_differently():
-    d = PLDDrafter(PLDConfig(max_ngram=2, min_ngram=1, max_copy=3))
+    d = PLDDrafter(PLDConfig(max_ngram=2, min_ngram=1, max_copy=3, min_prob=0.0))
     ctx = [1, 2, 3, 9, 1, 2, 4, 7, 1, 2]
     d.begin(ctx, None)
     draft = d.propose(ctx, budget=16)
     tree = merge_drafts([draft], 16)
     firsts = [tree.tokens[i] for i, p in enumerate(tree.parents) if p == -1]
     assert 4 in firsts and 3 in firsts
-    # the more recent match (4, 7, 1) is admitted first
-    assert tree.tokens[:3] == [4, 7, 1] and tree.parents[:3] == [-1, 0, 1]
+    # the two branches share the root's support: both first tokens come before either second token
+    assert sorted(tree.tokens[:2]) == [3, 4] and tree.parents[:2] == [-1, -1]
+    # the more recent match wins the tie
+    assert tree.tokens[0] == 4
     assert len(merge_drafts([draft], 2)) == 2
+
+
+def test_pld_scores_are_acceptance_estimates():
+    cfg = PLDConfig(max_ngram=3, min_ngram=1, max_copy=12, min_prob=0.0, prior_first=(0.25, 0.3, 0.8), prior_later=(0.3, 0.6, 0.9))
+    d = PLDDrafter(cfg)
+    ctx = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 10, 11, 12]
+    draft = d.propose(ctx, budget=64)
+    # one 3-gram match (plus shorter ones at the same place): a chain 13, 14, ... scored 0.8 * 0.9^(d-1)
+    assert draft.tokens[:4] == [13, 14, 15, 16]
+    assert draft.scores[:4] == pytest.approx([0.8 * 0.9**i for i in range(4)])
+
+
+def test_pld_min_prob_cuts_weak_copies():
+    ctx = [1, 2, 3, 9, 1, 2, 4, 7, 1, 2]
+    # two 2-gram matches: first tokens 0.5 * 0.3 = 0.15, second tokens 0.15 * 0.6 = 0.09
+    d = PLDDrafter(PLDConfig(max_ngram=2, max_copy=3, min_prob=0.1))
+    draft = d.propose(ctx, budget=16)
+    assert sorted(draft.tokens) == [3, 4] and draft.parents == [-1, -1]
+    assert min(draft.scores) >= 0.1
+
+
+def test_pld_learns_copy_rates_from_verify_passes():
+    ctx = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 10, 11, 12]
+    d = PLDDrafter(PLDConfig(max_copy=12, min_prob=0.1, prior_strength=4.0))
+    d.begin(ctx, None)
+    deep = len(d.propose(ctx, budget=64))
+    # the target keeps disagreeing with the first copied token: the copy rate after a 3-gram falls
+    for _ in range(30):
+        draft = d.propose(ctx, budget=64)
+        tree = DraftTree(tokens=draft.tokens, parents=draft.parents, sources=["pld"] * len(draft))
+        d.observe(StepResult(root_token=ctx[-1], tree=tree, verify=VerifyResult([], 99), logits=torch.zeros(1, 1), context=ctx))
+    assert d.rates.rate(3, 1) < 0.2
+    assert len(d.propose(ctx, budget=64)) < deep
+    # and rises again when the copies are right
+    for _ in range(60):
+        draft = d.propose(ctx, budget=64)
+        tree = DraftTree(tokens=draft.tokens, parents=draft.parents, sources=["pld"] * len(draft))
+        # the target continues with the copy: the chain is accepted and the bonus is the next copied
+        # token (with an empty tree, the first one: observe still learns from unproposed nodes)
+        accepted = list(range(len(draft)))
+        bonus = ctx[3 + len(draft)]
+        d.observe(StepResult(root_token=ctx[-1], tree=tree, verify=VerifyResult(accepted, bonus), logits=torch.zeros(1, 1), context=ctx))
+    assert d.rates.rate(3, 1) > 0.5
 
 
 def test_pld_no_match_is_empty_and_context_sync():

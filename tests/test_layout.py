@@ -3,7 +3,7 @@ import torch
 from specgraft.composers.base import MergeComposer
 from specgraft.tree.build import merge_drafts, truncate_depth
 from specgraft.tree.layout import depth_from_mask, tree_layout
-from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, rank_template, scale_counts
+from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, node_priors, rank_template, scale_template
 from specgraft.types import Draft, DraftTree
 
 
@@ -78,7 +78,21 @@ def test_templates_follow_table7():
     assert kids == sorted(kids, reverse=True) and kids[0] > kids[-1]
 
 
-def test_scale_counts():
-    for budget in (1, 5, 9, 16, 24, 40, 79, 80, 200):
-        c = scale_counts(FULL_ENVELOPE, budget)
-        assert sum(c) == min(budget, 80) and min(c) >= 1
+def test_scale_template_keeps_the_most_promising_subtree():
+    full = rank_template(FULL_ENVELOPE, k=8)
+    full_prior = dict(zip(full.rank_paths, node_priors(full), strict=True))
+    for budget in (1, 2, 4, 5, 8, 9, 16, 24, 40, 79):
+        t = scale_template(FULL_ENVELOPE, budget)
+        assert len(t) == budget
+        # a closed tree of envelope nodes: every parent kept, and before its children
+        assert all(p < i for i, p in enumerate(t.parents))
+        assert all(path[:-1] in t.rank_paths for path in t.rank_paths if len(path) > 1)
+        # no node left out has a higher prior than a node kept
+        kept = {full_prior[p] for p in t.rank_paths}
+        left = [v for p, v in full_prior.items() if p not in set(t.rank_paths)]
+        assert max(left) <= min(kept) + 1e-12
+    assert scale_template(FULL_ENVELOPE, 80).depth_counts() == list(FULL_ENVELOPE)
+    assert scale_template(FULL_ENVELOPE, 200).depth_counts() == list(FULL_ENVELOPE)
+    # small budgets are a short rank-0 chain with its best siblings, not a rank-0 chain of B
+    assert scale_template(FULL_ENVELOPE, 4).rank_paths == [(0,), (1,), (0, 0), (0, 0, 0)]
+    assert scale_template(FULL_ENVELOPE, 8).depth_counts() == [3, 3, 1, 1]

@@ -12,7 +12,8 @@ Under a fixed verification budget ``K`` (Graft sections 2-3, Appendix A, Algorit
 3. Retrieval fills ``K_ret(s)`` slots from the successor matrix shared with Token Recycling
    (rows refreshed from the target's top-k at every verified node, warmed up from a corpus),
    rooted at the root token, with the stage's rank-path template (Table 7: ``d0`` 52 nodes
-   ``8+10+8+6+5+4+4+4+3``, ``d1`` 36, ``d5`` 20; scaled to ``K_ret`` for other budgets).
+   ``8+10+8+6+5+4+4+4+3``, ``d1`` 36, ``d5`` 20; for other budgets the ``K_ret`` nodes of the
+   stage template with the highest prior acceptance, :func:`~specgraft.tree.templates.scale_template`).
    The root-centred envelope holding every stage's template is filled once per step,
    independently of drafting (:class:`GraftRetrieval`); the composer takes the stage's part.
 4. The kept draft nodes and the stage's retrieved nodes are merged (shared prefixes
@@ -40,8 +41,10 @@ leaf of the kept draft and hangs the stage template under it, filled from that l
 it only pays off when the whole draft prefix is accepted, as the paper says.
 
 Example with ``K = 60`` and a draft pruned at the root (stage 0): 8 draft nodes (the 8 best
-children of the root) + the 52-node ``d0`` template filled from ``M[root]`` -> a 60-node tree
-(fewer when a retrieved node repeats a draft node: it is merged, not duplicated).
+children of the root) + the 52-node ``d0`` template filled from ``M[root]`` -> a 60-node tree.
+A retrieved node that repeats a draft node is merged, not duplicated, and its slot goes to the
+next envelope node by prior acceptance, so the tree still has 60 nodes (eq. 11) when the
+envelope has enough valid nodes.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ import numpy as np
 from specgraft.drafters.draft_model import ModelDraft, trim
 from specgraft.drafters.recycling import RecyclingConfig, RecyclingDrafter, SuccessorMatrix
 from specgraft.tree.build import merge_drafts
-from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, RankTemplate, rank_template, scale_counts
+from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, RankTemplate, node_priors, rank_template, scale_template
 from specgraft.types import Draft, DraftTree
 
 #: The paper's budget and per-stage split (Appendix A: 8/24/40 draft nodes of 60).
@@ -161,6 +164,9 @@ class BudgetPlan:
     envelope: RankTemplate
     # [stages] envelope node indices of each stage's template
     stage_nodes: tuple[np.ndarray, ...]
+    # [stages][envelope nodes] admission order of the retrieved nodes at each stage: the stage's
+    # template first, then the rest of the envelope, each by prior acceptance (higher first)
+    stage_scores: tuple[np.ndarray, ...] = ()
 
 
 def plan_budget(config: GraftConfig, budget: int) -> BudgetPlan:
@@ -175,14 +181,21 @@ def plan_budget(config: GraftConfig, budget: int) -> BudgetPlan:
     k_draft = tuple(min(budget, int(np.floor(share * budget + 0.5))) for share in config.draft_shares)
     k_ret = tuple(budget - kd for kd in k_draft)
     stages = tuple(
-        rank_template(scale_counts(counts, kr), config.k) if kr > 0 else rank_template([], config.k)
+        scale_template(counts, kr, config.k)
         for counts, kr in zip(config.stage_templates, k_ret, strict=True)
     )
     full_size = int(np.floor(sum(config.envelope) * budget / PAPER_BUDGET + 0.5))
-    full = rank_template(scale_counts(config.envelope, max(full_size, 1)), config.k)
+    full = scale_template(config.envelope, max(full_size, 1), config.k)
     envelope, where = union_template([full, *stages])
+    prior = node_priors(envelope)
+    scores = []
+    for nodes in where[1:]:
+        in_stage = np.zeros(len(envelope), dtype=bool)
+        in_stage[nodes] = True
+        scores.append(prior + in_stage)  # priors lie in (0, 1): stage nodes always come first
     return BudgetPlan(
-        budget=budget, k_draft=k_draft, k_ret=k_ret, stage_templates=stages, envelope=envelope, stage_nodes=tuple(where[1:])
+        budget=budget, k_draft=k_draft, k_ret=k_ret, stage_templates=stages, envelope=envelope,
+        stage_nodes=tuple(where[1:]), stage_scores=tuple(scores),
     )
 
 
@@ -245,6 +258,23 @@ def envelope_part(envelope: EnvelopeDraft, nodes: np.ndarray) -> Draft:
         source=envelope.source,
         tokens=[envelope.tokens[i] for i in keep],
         parents=[new_index[envelope.parents[i]] if envelope.parents[i] >= 0 else -1 for i in keep],
+    )
+
+
+def retrieval_part(envelope: EnvelopeDraft, scores: np.ndarray) -> Draft:
+    """Every envelope node, scored by ``scores[template node]`` so that a merge admits the stage's
+    template first and refills from the rest of the envelope.
+
+    A retrieved node that repeats a kept draft node is merged into it, and a node under an
+    unfilled matrix row is missing; either way its slot would stay empty. Offering the whole
+    envelope in the stage's order fills the tree to ``K`` nodes (eq. 11, ``|T_s| = K_max``)
+    with distinct candidates: the stage template's nodes, then the envelope's next best.
+    """
+    return Draft(
+        source=envelope.source,
+        tokens=list(envelope.tokens),
+        parents=list(envelope.parents),
+        scores=[float(scores[t]) for t in envelope.template_nodes],
     )
 
 
@@ -331,7 +361,8 @@ class GraftComposer:
         return self.compose(draft, envelopes[0] if envelopes else None, budget, self.stage_of(draft))
 
     def compose(self, draft: ModelDraft, envelope: EnvelopeDraft | None, budget: int, stage: int | None) -> DraftTree:
-        """The tree for ``stage`` (None: the dense tree): kept draft nodes first, then retrieved ones."""
+        """The tree for ``stage`` (None: the dense tree): kept draft nodes first, then retrieved ones
+        up to ``budget`` nodes (retrieval at the root refills slots freed by merged nodes)."""
         if stage is None:
             return merge_drafts([trim(draft, budget)], budget)
         plan = self.planner.plan(budget)
@@ -339,7 +370,7 @@ class GraftComposer:
         retrieved, first_retrieved = None, 0
         if self.config.retrieval == "root":
             assert envelope is not None, f"{self.config.variant} needs the retrieval envelope (GraftRetrieval)"
-            retrieved = envelope_part(envelope, plan.stage_nodes[stage])
+            retrieved = retrieval_part(envelope, plan.stage_scores[stage])
         elif self.config.retrieval == "tail" and plan.k_ret[stage] > 0:
             retrieved, first_retrieved = self.tail_part(kept, plan.stage_templates[stage])
         if retrieved is None:
@@ -374,5 +405,6 @@ __all__ = [
     "VARIANTS",
     "fill_rank_template",
     "plan_budget",
+    "retrieval_part",
     "union_template",
 ]

@@ -4,7 +4,8 @@ Row ``M[t]`` holds the ``k`` most likely next tokens the target predicted the la
 processed token ``t`` (in any context). After every verify pass, the row of every verified
 node's token, accepted or rejected, is replaced by the top-k of the target's logits at that
 node; the prefill fills rows for the prompt. Drafting fills a static unbalanced rank template
-(``tree/templates.py``, Graft Table 7's full envelope scaled to the budget) rooted at the root
+(``tree/templates.py``: Graft Table 7's full envelope, or its ``budget`` nodes of highest
+prior acceptance below 80 nodes) rooted at the root
 token, one gather per depth. Graft reuses this matrix as its retrieval source.
 
 Example with ``k = 2`` after observing that the target follows 7 with (5, 3) and 5 with (9, 1)::
@@ -24,7 +25,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 import torch
 
-from specgraft.tree.templates import FULL_ENVELOPE, RankTemplate, rank_template, scale_counts
+from specgraft.tree.templates import FULL_ENVELOPE, RankTemplate, scale_template
 from specgraft.types import Draft, StepResult
 
 
@@ -33,7 +34,8 @@ class RecyclingConfig:
     k: int = 8
     """Successors kept per token (columns of the matrix)."""
     envelope: tuple[int, ...] = FULL_ENVELOPE
-    """Nodes per depth of the full template (Graft Table 7), scaled down to the budget."""
+    """Nodes per depth of the full template (Graft Table 7); below 80 nodes its ``budget`` most
+    promising nodes are used (``tree/templates.py``, :func:`scale_template`)."""
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -123,7 +125,7 @@ class RecyclingDrafter:
 
     def template(self, budget: int) -> RankTemplate:
         if budget not in self._templates:
-            self._templates[budget] = rank_template(scale_counts(self.config.envelope, budget), self.config.k)
+            self._templates[budget] = scale_template(self.config.envelope, budget, self.config.k)
         return self._templates[budget]
 
     def prefill_topk_k(self) -> int:

@@ -8,6 +8,12 @@ rank paths fill a depth is our choice, made greedily by a prior acceptance score
 flat tail, as acceptance by rank behaves), and depth ``d`` takes its ``counts[d]`` best children
 of the nodes kept at depth ``d - 1``. The rank-0 chain therefore always reaches the full depth.
 
+Below its full size a template is scaled to a budget ``B`` by keeping its ``B`` most promising
+nodes (:func:`scale_template`): a node's prior acceptance is ``prod(RANK_RATES[r])`` over its
+path (measured rates), so a rank-0 chain grows while its next node beats the next sibling, and
+a small budget gets the tree that is expected to accept the most tokens (a rank-0 chain of 8
+nodes would spend most of its rows on tokens that are almost never reached).
+
 Example with ``k = 3`` and ``counts = [3, 2, 1]``::
 
     >>> t = rank_template([3, 2, 1], k=3)
@@ -51,6 +57,13 @@ class RankTemplate:
         return [len(level) for level in self.levels]
 
 
+#: Prior rate at which the rank-``r`` successor is the target's next token given its parent was.
+#: Measured with Qwen2.5-Coder-1.5B on held-out Spec-Bench and HumanEval prompts (positions whose
+#: row was filled, 511 in all): rank 0 / 1 / 2 / 3 were right 45% / 7.7% / 4.5% / 3.3% of the time,
+#: ranks 4-7 about 1% each.
+RANK_RATES = (0.45, 0.08, 0.045, 0.033, 0.01, 0.01, 0.01, 0.01)
+
+
 def _weight(rank: int) -> float:
     return 1.0 / (rank + 1) ** 1.5
 
@@ -88,27 +101,45 @@ def rank_template(counts: tuple[int, ...] | list[int], k: int = 8) -> RankTempla
     return RankTemplate(rank_paths=paths, parents=parents, ranks=ranks, levels=levels)
 
 
-def scale_counts(counts: tuple[int, ...], budget: int) -> list[int]:
-    """Scale per-depth counts to ``budget`` nodes, keeping the depth profile.
+def node_priors(template: RankTemplate, rates: tuple[float, ...] = RANK_RATES) -> np.ndarray:
+    """``[N]`` prior acceptance of every node: ``prod(rates[r])`` over its rank path (ranks past
+    the table take its last rate).
 
-    Every depth keeps at least one node while the budget allows, so the rank-0 chain stays
-    deep; the remaining slots go to depths in proportion to ``counts`` (largest remainder).
-
-    >>> scale_counts(FULL_ENVELOPE, 20)
-    [2, 3, 3, 2, 2, 2, 2, 2, 2]
+    >>> node_priors(rank_template([2, 1], k=2), rates=(0.5, 0.1)).round(3).tolist()
+    [0.5, 0.1, 0.25]
     """
-    total = sum(counts)
-    if budget >= total:
-        return list(counts)
-    depth = min(len(counts), budget)
-    base = [1] * depth
-    spare = budget - depth
-    weights = np.array([c - 1 for c in counts[:depth]], dtype=float)
-    if spare > 0 and weights.sum() > 0:
-        raw = weights / weights.sum() * spare
-        extra = np.floor(raw).astype(int)
-        order = np.argsort(-(raw - extra), kind="stable")
-        for i in order[: spare - int(extra.sum())]:
-            extra[i] += 1
-        base = [b + int(e) for b, e in zip(base, extra, strict=True)]
-    return base
+    return np.array([float(np.prod([rates[min(r, len(rates) - 1)] for r in path])) for path in template.rank_paths])
+
+
+def scale_template(counts: tuple[int, ...] | list[int], budget: int, k: int = 8, rates: tuple[float, ...] = RANK_RATES) -> RankTemplate:
+    """The ``budget`` nodes of ``rank_template(counts, k)`` with the highest prior acceptance.
+
+    A child's prior is below its parent's, so the kept nodes always form a tree (ties go to the
+    shallower, then the earlier node). At ``budget >= sum(counts)`` the template is whole.
+
+    >>> t = scale_template(FULL_ENVELOPE, 4)
+    >>> t.rank_paths, t.parents
+    ([(0,), (1,), (0, 0), (0, 0, 0)], [-1, -1, 0, 2])
+    >>> scale_template(FULL_ENVELOPE, 8).depth_counts()
+    [3, 3, 1, 1]
+    """
+    full = rank_template(counts, k)
+    if budget >= len(full):
+        return full
+    if budget <= 0:
+        return rank_template([], k)
+    prior = node_priors(full, rates)
+    order = sorted(range(len(full)), key=lambda i: (-prior[i], len(full.rank_paths[i]), i))
+    keep = sorted(order[:budget], key=lambda i: (len(full.rank_paths[i]), i))
+    return subtemplate(full, keep)
+
+
+def subtemplate(template: RankTemplate, keep: list[int]) -> RankTemplate:
+    """The nodes ``keep`` of ``template`` (closed under parents, in depth order), reindexed."""
+    new_index = {old: new for new, old in enumerate(keep)}
+    paths = [template.rank_paths[i] for i in keep]
+    parents = [new_index[template.parents[i]] if template.parents[i] >= 0 else -1 for i in keep]
+    depth = max((len(p) for p in paths), default=0)
+    levels = [np.array([i for i, p in enumerate(paths) if len(p) == d], dtype=np.int64) for d in range(1, depth + 1)]
+    ranks = np.array([p[-1] for p in paths], dtype=np.int64)
+    return RankTemplate(rank_paths=paths, parents=parents, ranks=ranks, levels=levels)
