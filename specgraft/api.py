@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.engine import SpecEngine
 from specgraft.methods import MethodOptions, get_method
-from specgraft.methods_graft import load_draft_model
+from specgraft.methods_graft import load_draft_model, preset_budget
 from specgraft.models.hf import HFTarget, load_causal_lm, parse_dtype
 from specgraft.types import GenerationStats
 
@@ -66,6 +66,12 @@ class SpecDecoder:
 
     ``draft_model`` is an already loaded draft model for the methods that need one
     (``MethodSpec.needs_draft_model``); without it, ``options.graft.draft_model`` is loaded.
+    Their other knobs are ``options.graft`` too, e.g. draft children sampled for rejection
+    sampling at temperature 0.7 (``--sample-drafts``)::
+
+        graft = with_sampled_drafts(GraftOptions(draft_model="qwen2.5-coder-0.5b-instruct"), temperature=0.7, seed=0)
+        dec = SpecDecoder.from_pretrained("qwen2.5-coder-1.5b-instruct", method="graft", options=MethodOptions(graft=graft))
+        dec.generate("...", temperature=0.7, seed=0)
     """
 
     def __init__(
@@ -89,10 +95,12 @@ class SpecDecoder:
             graft = options.graft
             draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, str(self.target.device), progress, tokenizer)
         self.draft_model = draft_model
+        # draft-model methods verify their preset's budget (cpu 8, gpu 60) unless told otherwise
+        self.default_budget = preset_budget(options.graft) if self.spec.needs_draft_model else self.spec.default_budget
         drafters, composer = self.spec.build(self.target.vocab_size, options, draft_model)
         self.engine = SpecEngine(
             self.target, drafters, composer, method=method, eos_token_ids=eos_ids(tokenizer, model),
-            default_budget=self.spec.default_budget,
+            default_budget=self.default_budget,
         )
         self.last_output: GenerationOutput | None = None
 
@@ -110,18 +118,23 @@ class SpecDecoder:
     ) -> "SpecDecoder":
         """Load by catalog name (pulled on first use), local directory or Hugging Face id.
 
+        A model that cannot be pulled or loaded raises :class:`~specgraft.models.catalog.ModelLoadError`
+        (an ``OSError``) naming it.
+
         ``dtype="auto"`` picks float32 on CPUs without native bf16 (see ``models/kernels.py``);
         ``fast_kernels`` swaps the linears for oneDNN ones on CPU (same numbers, faster). A
         method that needs a draft model loads ``options.graft.draft_model`` the same way.
         """
-        from specgraft.models.catalog import resolve_model
+        from specgraft.models.catalog import load_errors, resolve_model
 
         # fail on a bad method, a missing draft model or calibration before loading anything
         get_method(method).check(options)
         parse_dtype(dtype, device)
         path = resolve_model(name_or_path, cache_dir=cache_dir, progress=progress)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = load_causal_lm(path, dtype, device, fast_kernels)
+        with load_errors(name_or_path):
+            AutoConfig.from_pretrained(path)  # cheap: says "not a model" before the tokenizer says something vaguer
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = load_causal_lm(path, dtype, device, fast_kernels)
         return cls(model, tokenizer, method, options, progress=progress)
 
     def with_method(
@@ -168,12 +181,15 @@ class SpecDecoder:
         seed: int | None = None,
         budget: int | None = None,
         stop: Sequence[str] = (),
+        stop_on_eos: bool = True,
     ) -> GenerationConfig:
-        """``budget=None``: the method's ``default_budget``, filled in when a decoder runs the config."""
+        """``budget=None``: the method's default budget, filled in when a decoder runs the config
+        (:meth:`resolve`). ``stop_on_eos=False`` generates ``max_new_tokens`` tokens, EOS or not."""
         return GenerationConfig(
             max_new_tokens=max_new_tokens,
             budget=budget,
             stop_strings=tuple(stop),
+            stop_on_eos=stop_on_eos,
             sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         )
 
@@ -236,8 +252,9 @@ class SpecDecoder:
         return self.last_output
 
     def resolve(self, config: GenerationConfig) -> GenerationConfig:
-        """``config`` as this decoder runs it: no budget means the method's ``default_budget``."""
-        return config.with_default_budget(self.spec.default_budget)
+        """``config`` as this decoder runs it: no budget means :attr:`default_budget` (the method's
+        ``default_budget``; for draft-model methods, their preset's budget)."""
+        return config.with_default_budget(self.default_budget)
 
     def resolved_config(self, config: GenerationConfig) -> dict[str, Any]:
         """What a run prints and records: method, generation config (budget resolved), options,

@@ -3,34 +3,63 @@
 Registered in ``cli.py`` with ``app.command()(calibrate)``. Heavy imports happen inside the
 command so that ``specgraft --help`` stays fast. Example::
 
-    specgraft calibrate --method graft --model qwen2.5-coder-1.5b-instruct \\
+    specgraft calibrate --model qwen2.5-coder-1.5b-instruct \\
         --draft-model qwen2.5-coder-0.5b-instruct \\
-        --corpus ../shared/data/bench/datastore/gpteacher_codegen.jsonl --out calib/graft.json
+        --corpus ../shared/data/bench/datastore/gpteacher_codegen.jsonl \\
+        --corpus ../shared/data/bench/datastore/alpaca_eval_llama3_8b_instruct_outputs.jsonl \\
+        --by-task --out calib/graft.json
+
+Corpus records whose prompt is also a benchmark prompt (any turn of the packaged suites, and of
+EAGLE's alpaca set when it is found) are dropped first, so that calibration never sees text the
+benchmarks are scored on. ``--by-task`` holds ``--prompts`` records out of every task subset
+and, besides the pooled thresholds (the ones ``generate`` and ``bench`` use), fits each
+subset's own and prints them side by side (the paper's Table 11).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Optional
 
 import typer
 
+#: The presets as ``--preset``'s help describes them (``tests/test_calibrate_cli.py`` checks
+#: this against ``drafters.draft_model.PRESETS``, which this module does not import: torch).
+PRESET_HELP = "cpu (depth 4, top-k 2, 8 nodes) or gpu (the paper's depth 8, top-k 10, 60 nodes)"
+
 
 def calibrate(
-    method: str = typer.Option("graft", help="Graft variant the file is for (graft or graft-prune; both are calibrated)."),
+    method: list[str] = typer.Option(
+        ["graft", "graft-prune"], "--method",
+        help="Graft variant(s) to calibrate thresholds for (repeatable; default both: graft and graft-prune).",
+    ),
     model: str = typer.Option(..., "--model", "-m", help="Target model: catalog name, local directory or Hugging Face id."),
     draft_model: str = typer.Option(..., "--draft-model", help="Draft model sharing the target's tokenizer."),
     corpus: list[str] = typer.Option(..., help="JSONL with `turns` and `response` (repeatable), disjoint from benchmarks."),
     out_path: str = typer.Option(..., "--out", help="Calibration JSON to write (the matrix goes beside it as .npz)."),
-    limit: int = typer.Option(200, help="Records per corpus teacher-forced into the successor matrix (0 = none)."),
-    prompts: int = typer.Option(8, help="Further records per corpus decoded to calibrate the thresholds."),
+    limit: int = typer.Option(200, help="Records per corpus (per task with --by-task) teacher-forced into the successor matrix (0 = none)."),
+    prompts: int = typer.Option(8, help="Further records per corpus (per task with --by-task) decoded to calibrate the thresholds."),
+    by_task: bool = typer.Option(
+        False, "--by-task",
+        help="Group records by task (--task-field, else the corpus file name), hold --prompts out of each, and also fit "
+        "each task's thresholds on its own (reported beside the pooled ones, which stay the ones used).",
+    ),
+    task_field: str = typer.Option("task", help="Record field naming its task, for --by-task (e.g. category)."),
+    exclude: list[str] = typer.Option(
+        [], "--exclude", help="More prompt JSONL files (`turns`) whose prompts must not be calibrated on (repeatable)."
+    ),
     matrix: Optional[str] = typer.Option(
         None, "--matrix", help="Start from this successor matrix (.npz from an earlier calibration or `specgraft warmup`)."
     ),
     max_new_tokens: int = typer.Option(64, help="Tokens decoded per calibration prompt."),
-    preset: str = typer.Option("cpu", help="Draft preset: cpu (depth 4, top-k 6) or gpu (depth 8, top-k 10)."),
+    preset: str = typer.Option("cpu", help=f"Draft preset: {PRESET_HELP}."),
     budget: Optional[int] = typer.Option(
-        None, help="Verification budget (default: the method's default budget, the one generate and bench use without --budget)."
+        None, help="Verification budget (default: the preset's, the one generate and bench use without --budget: cpu 8, gpu 60)."
+    ),
+    tie_se: float = typer.Option(
+        1.0, help="Threshold vectors within this many standard errors of the best predicted tokens/s count as ties; "
+        "the least pruning one wins (0 = plain argmax)."
     ),
     dtype: str = typer.Option("auto", help="Target dtype: auto (float32 on CPUs without native bf16), bfloat16 or float32."),
     draft_dtype: Optional[str] = typer.Option(None, help="Draft model dtype (default: the target's)."),
@@ -43,22 +72,27 @@ def calibrate(
     from rich.console import Console
 
     from specgraft.api import SpecDecoder
-    from specgraft.calibrate import CALIBRATED_VARIANTS, run_calibration, save_calibration
+    from specgraft.calibrate import CALIBRATED_VARIANTS, read_task_corpus, run_calibration, save_calibration, split_corpus
+    from specgraft.calibrate import thresholds_table
     from specgraft.drafters.draft_model import check_vocab, get_preset
-    from specgraft.methods import get_method
-    from specgraft.methods_graft import load_draft_model
+    from specgraft.methods_graft import GraftOptions, load_draft_model, preset_budget
     from specgraft.models.hf import parse_dtype
-    from specgraft.warmup import read_corpus
 
     err = Console(stderr=True, highlight=False)
-    if method not in CALIBRATED_VARIANTS:
-        raise ValueError(f"calibration is for {' or '.join(CALIBRATED_VARIANTS)}, not {method!r}")
+    variants = list(dict.fromkeys(method))
+    for v in variants:
+        if v not in CALIBRATED_VARIANTS:
+            raise ValueError(f"calibration is for {' or '.join(CALIBRATED_VARIANTS)}, not {v!r}")
     p = get_preset(preset)
-    budget = get_method(method).default_budget if budget is None else budget
+    if budget is None:
+        # what generate and bench verify without --budget (SpecDecoder: the preset's budget)
+        budget = preset_budget(GraftOptions(preset=preset))
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
     if limit < 0 or prompts < 1 or max_new_tokens < 1:
         raise ValueError("limit must be >= 0, prompts and max_new_tokens >= 1")
+    if not tie_se >= 0:
+        raise ValueError(f"tie-se must be >= 0, got {tie_se}")
     parse_dtype(dtype)
     draft_dtype = draft_dtype or dtype
     parse_dtype(draft_dtype)  # "auto" resolves per device at load time
@@ -66,15 +100,18 @@ def calibrate(
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-    # per corpus: the first `limit` records warm the matrix up, the next `prompts` are decoded
-    warm, held_out = [], []
+    # groups: corpus files, or tasks; per group the first records warm up, the next are decoded
+    banned = benchmark_turns(exclude)
+    groups: dict[str, list] = {}
+    dropped = 0
     for path in corpus:
-        records = read_corpus(path, limit=limit + prompts)
-        need = prompts + min(limit, 1)  # the prompts, and a warm-up record unless --limit 0
-        if len(records) < need:
-            raise ValueError(f"corpus {path!r} has {len(records)} records; need at least {need} (--prompts {prompts}, --limit {limit})")
-        warm += records[: len(records) - prompts]
-        held_out += records[len(records) - prompts :]
+        for rec in read_task_corpus(path, task_field):
+            if rec.prompt.strip() in banned:
+                dropped += 1
+                continue
+            groups.setdefault(rec.task if by_task else path, []).append(rec)
+    warm_recs, held_out = split_corpus(groups, limit, prompts)
+    warm = [(r.prompt, r.response) for r in warm_recs]
     start = None
     if matrix is not None:
         from specgraft.drafters.recycling import SuccessorMatrix
@@ -92,20 +129,26 @@ def calibrate(
             warm_up_matrix(dec.target, dec.tokenizer, warm, start, chat=chat, progress=True)
     draft = load_draft_model(draft_model, draft_dtype, target_tokenizer=dec.tokenizer)
     check_vocab(dec.target.vocab_size, draft.get_output_embeddings().weight.shape[0])
-    prompt_ids = [dec.encode(prompt, chat=chat) for prompt, _ in held_out if prompt]
+    decoded = [r for r in held_out if r.prompt]
+    prompt_ids = [dec.encode(r.prompt, chat=chat) for r in decoded]
+    tasks = list(groups) if by_task else []
     err.print(
-        f"calibrate: target {model} ({dtype}), draft {draft_model} ({draft_dtype}), preset {preset} "
+        f"calibrate {', '.join(variants)}: target {model} ({dtype}), draft {draft_model} ({draft_dtype}), preset {preset} "
         f"(depth {p.depth}, top-k {p.top_k}, checkpoints {p.checkpoints}), budget {budget}, "
-        f"{len(warm)} warm-up records, {len(prompt_ids)} prompts x {max_new_tokens} tokens, threads {torch.get_num_threads()}"
+        f"{len(warm)} warm-up records, {len(prompt_ids)} prompts x {max_new_tokens} tokens"
+        + (f" over tasks {', '.join(tasks)}" if by_task else "")
+        + f", {dropped} corpus records dropped as benchmark prompts, threads {torch.get_num_threads()}"
     )
     t0 = time.perf_counter()
     cal = run_calibration(
         dec.target, draft, dec.tokenizer, warm, prompt_ids,
         depth=p.depth, top_k=p.top_k, checkpoints=p.checkpoints, budget=budget,
         max_new_tokens=max_new_tokens, k=k, chat=chat, progress=True, matrix=start,
-        meta={"method": method, "model": model, "draft_model": draft_model, "dtype": dtype, "draft_dtype": draft_dtype,
+        variants=variants, prompt_tasks=[r.task for r in decoded] if by_task else None, tie_se=tie_se,
+        meta={"methods": variants, "model": model, "draft_model": draft_model, "dtype": dtype, "draft_dtype": draft_dtype,
               "preset": preset, "corpus": list(corpus), "warm_records": len(warm), "prompts": len(prompt_ids),
-              "start_matrix": matrix,
+              "by_task": by_task, "task_field": task_field if by_task else None, "tasks": tasks,
+              "dropped_benchmark_prompts": dropped, "exclude": list(exclude), "start_matrix": matrix,
               "max_new_tokens": max_new_tokens, "threads": torch.get_num_threads()},
     )
     cal.draft["preset"] = preset
@@ -116,11 +159,31 @@ def calibrate(
         f"verify of {budget} nodes {1e3 * cal.costs['verify_s']:.1f} ms; "
         f"matrix rows known {rows}; {cal.report['steps']} steps in {time.perf_counter() - t0:.1f}s"
     )
-    for variant in CALIBRATED_VARIANTS:
+    for variant in variants:
         r = cal.report[variant]
         err.print(
-            f"{variant}: thresholds {r['thresholds']} at checkpoints {list(cal.checkpoints)}; "
-            f"predicted {r['predicted_tokens_per_s']:.2f} tok/s "
-            f"vs {r['predicted_dense_tokens_per_s']:.2f} dense; stage share {r['stage_share']} (last = not pruned)"
+            f"{variant}: thresholds {[round(t, 4) for t in r['thresholds']]} at checkpoints {list(cal.checkpoints)}; "
+            f"predicted {r['predicted_tokens_per_s']:.2f} tok/s (best on the grid {r['predicted_best_tokens_per_s']:.2f}, "
+            f"dense {r['predicted_dense_tokens_per_s']:.2f}); stage share {r['stage_share']} (last = not pruned)"
         )
+    if by_task:
+        steps = ", ".join(f"{t} {e['prompts']} prompts / {e['steps']} steps" for t, e in cal.report["by_task"].items())
+        for variant in variants:
+            err.print(f"\n{variant} thresholds by task ({steps}):")
+            # unwrapped, so that the markdown table can be pasted as it is
+            err.print(thresholds_table(cal, variant), soft_wrap=True, markup=False)
     err.print(f"-> {path} (+ {path.with_suffix('.npz').name})")
+
+
+def benchmark_turns(extra: list[str]) -> set[str]:
+    """Every turn (stripped) of the packaged benchmark suites, of EAGLE's alpaca set when it is
+    found, and of the ``extra`` prompt files: corpus records with one of these prompts are dropped.
+    (Two AlpacaEval records, for instance, are MT-bench questions.)"""
+    from specgraft.bench.datasets import DATA_DIR, SUITES, read_prompt_file, resolve_alpaca_path
+
+    paths = [DATA_DIR / name for name in SUITES.values()]
+    alpaca = resolve_alpaca_path(None)
+    if alpaca is not None:
+        paths.append(alpaca)
+    paths += [Path(p) for p in extra]
+    return {turn.strip() for path in paths for prompt in read_prompt_file(path, path.stem) for turn in prompt.turns}

@@ -1,7 +1,7 @@
 """`specgraft generate | demo | models | warmup | calibrate | bench`: the command line.
 
-Every failure a user can cause (bad value, unknown model or method, missing file) prints one
-line ``error: ...`` on stderr and exits with status 2; no tracebacks.
+Every failure a user can cause (bad value, unknown method, missing file, a model that cannot be
+pulled or loaded) prints one line ``error: ...`` on stderr and exits with status 2; no tracebacks.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ app.add_typer(models_app, name="models")
 from specgraft.bench.cli import bench  # noqa: E402  (these three import no torch: CLI start-up stays fast)
 from specgraft.calibrate_cli import calibrate  # noqa: E402
 from specgraft.methods import METHODS, MethodOptions, get_method, method_names  # noqa: E402
-from specgraft.methods_graft import GraftOptions  # noqa: E402
+from specgraft.methods_graft import GraftOptions, with_sampled_drafts  # noqa: E402
 
 app.command()(bench)
 app.command()(calibrate)
@@ -91,7 +91,8 @@ def run_generate(
 ) -> dict:
     """Generate (streaming unless ``as_json``), print the summary and return it as a dict.
 
-    ``budget=None`` uses the method's default budget; the summary's ``config`` records the one used.
+    ``budget=None`` uses the method's default budget (for draft-model methods, the budget of
+    ``options.graft.preset``); the summary's ``config`` records the one used.
     """
     from specgraft.api import SpecDecoder
     from specgraft.models.hf import parse_dtype
@@ -142,8 +143,10 @@ def run_generate(
     if as_json:
         print(json.dumps(summary))
     else:
+        used = summary["config"]["generation"]["budget"]
+        origin = f" (preset {options.graft.preset})" if budget is None and METHODS[method].needs_draft_model else ""
         line = (
-            f"[{method}] budget {summary['config']['generation']['budget']} nodes, {stats.new_tokens} tokens in {stats.steps} steps, "
+            f"[{method}] budget {used} nodes{origin}, {stats.new_tokens} tokens in {stats.steps} steps, "
             f"MAT {stats.mat:.2f} (bonus token included), {stats.tokens_per_s:.2f} tok/s, overhead {100 * stats.overhead_fraction:.1f}% of step time, "
             f"threads {summary['config']['threads']}"
         )
@@ -189,7 +192,14 @@ def generate(
     calibration: Optional[str] = typer.Option(
         None, "--calibration", help="Calibration JSON from `specgraft calibrate` (thresholds + warmed-up matrix of the graft variants)."
     ),
-    preset: str = typer.Option("cpu", "--preset", help="Draft tree preset: cpu (depth 4, top-k 6) or gpu (depth 8, top-k 10)."),
+    preset: str = typer.Option(
+        "cpu", "--preset",
+        help="Draft tree preset: cpu (depth 4, top-k 2, budget 8) or gpu (depth 8, top-k 10, budget 60); without --budget its budget is used.",
+    ),
+    sample_drafts: bool = typer.Option(
+        False, "--sample-drafts",
+        help="Sample draft children at --temperature (> 0) and verify by rejection sampling (draft-tree, graft*); exact like the default.",
+    ),
     draft_depth: Optional[int] = typer.Option(None, "--draft-depth", help="Draft forwards per step (default: the preset's)."),
     draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", help="Children per expanded draft node (default: the preset's)."),
     threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice)."),
@@ -198,6 +208,8 @@ def generate(
     graft = GraftOptions(
         draft_model=draft_model, draft_dtype=dtype, preset=preset, depth=draft_depth, top_k=draft_top_k, calibration=calibration
     )
+    if sample_drafts:
+        graft = with_sampled_drafts(graft, temperature, seed)
     run_generate(
         prompt, model, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         dtype=dtype, budget=budget, chat=chat, compare=compare, as_json=as_json, stop=stop,
@@ -242,11 +254,10 @@ def models_pull(
     cache_dir: Optional[str] = typer.Option(None, help="Model cache directory."),
 ) -> None:
     """Download, check and convert a catalog model once."""
-    from specgraft.models.catalog import get_entry
-    from specgraft.models.pull import pull_model
+    from specgraft.models.catalog import get_entry, pull
 
     get_entry(name)
-    path = pull_model(name, cache_dir=cache_dir, progress=True)
+    path = pull(name, cache_dir=cache_dir, progress=True)
     out.print(f"{name}: {path}")
 
 
@@ -277,8 +288,11 @@ def warmup(
 def main() -> None:
     try:
         app(standalone_mode=False)
-    except (ValueError, FileNotFoundError) as e:
-        err.print(f"error: {e}", soft_wrap=True)  # one line however narrow the terminal
+    except (ValueError, OSError) as e:
+        # OSError: missing or unwritable files, and models that cannot be pulled or loaded
+        # (ModelLoadError: catalog.load_errors names the model); transformers' messages span
+        # several lines, so whitespace is folded to print one line however narrow the terminal
+        err.print("error: " + " ".join(str(e).split()), soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         err.print("interrupted")

