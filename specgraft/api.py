@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedT
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.engine import SpecEngine
 from specgraft.methods import MethodOptions, get_method
-from specgraft.methods_graft import load_draft_model, preset_budget
+from specgraft.methods_graft import check_calibration_budget, load_draft_model, preset_budget
 from specgraft.models.hf import HFTarget, load_causal_lm, parse_dtype
 from specgraft.types import GenerationStats
 
@@ -253,8 +253,13 @@ class SpecDecoder:
 
     def resolve(self, config: GenerationConfig) -> GenerationConfig:
         """``config`` as this decoder runs it: no budget means :attr:`default_budget` (the method's
-        ``default_budget``; for draft-model methods, their preset's budget)."""
-        return config.with_default_budget(self.default_budget)
+        ``default_budget``; for draft-model methods, their preset's budget). ``ValueError`` when a
+        gated Graft variant would apply calibrated thresholds at another budget than they were
+        fitted at."""
+        resolved = config.with_default_budget(self.default_budget)
+        if self.spec.needs_draft_model:
+            check_calibration_budget(self.method, self.options.graft, resolved.budget)
+        return resolved
 
     def resolved_config(self, config: GenerationConfig) -> dict[str, Any]:
         """What a run prints and records: method, generation config (budget resolved), options,

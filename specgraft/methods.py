@@ -32,16 +32,17 @@ if TYPE_CHECKING:
 
 #: Nodes verified per step when the user gives no budget; every run records the budget it used.
 #: Measured on the 2-core AVX2 host (fp32, prepacked oneDNN linears), where a 1.5B verify pass
-#: costs ~0.3 s plus ~0.03 s per extra row, so a node pays only if the target accepts it more
-#: than ~10% of the time. Budget sweeps over one mt_bench, one summarization and one HumanEval
-#: prompt (64 greedy tokens) put pld and recycling best at 4 (pld: 0.93x / 1.60x / 0.98x at 4,
-#: 0.86x / 1.39x / 0.95x at 8); ptd at 8 (mt_bench 0.94x, MAT 1.25; 0.87x at 4, 0.78x at 12);
-#: the draft-model methods at the cpu preset's 8 (``drafters/draft_model.py``). On a GPU, where
-#: verifying 60 nodes costs about one step, pass the papers' budgets (e.g. ``--preset gpu
-#: --budget 60``).
+#: costs ~0.37 s for one row, 0.42 s for 2, 0.55 s for 4, 0.64 s for 8 and 0.85 s for 16, so a
+#: node pays only if the target accepts it more than ~10% of the time. ``pld`` proposes only the
+#: nodes whose estimated acceptance is >= 0.1 (``PLDConfig.min_prob``), so its budget is a cap
+#: that lets long copies run deep (16). ``recycling``'s template is scaled to the budget by
+#: measured rank acceptance (``tree/templates.py``); ptd at 8 (mt_bench 0.94x, MAT 1.25; 0.87x at
+#: 4, 0.78x at 12); the draft-model methods use their preset's budget (cpu: 8,
+#: ``drafters/draft_model.py``). On a GPU, where verifying 60 nodes costs about one step, pass
+#: the papers' budgets (``--preset gpu`` for the draft-model methods).
 DEFAULT_BUDGETS: dict[str, int] = {
     "ar": 1,  # no drafters: the budget is never used
-    "pld": 4,
+    "pld": 16,
     "recycling": 4,
     "ptd": 8,
     "draft-tree": 8,

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from specgraft.api import SpecDecoder, _stop_holdback
+from specgraft.methods import METHODS
 from specgraft.drafters.recycling import SuccessorMatrix
 from specgraft.warmup import read_corpus, warm_up_matrix
 
@@ -115,7 +116,7 @@ def test_sampled_drafts_and_preset_budget_through_the_api():
     assert dec.default_budget == 60 and dec.resolve(dec.make_config()).budget == 60
     out = dec.generate("w5 w6 w7 w5 w6", max_new_tokens=6, temperature=0.8, seed=0)
     assert out.config["generation"]["budget"] == 60 and len(out.tokens) <= 6
-    assert dec.with_method("pld").default_budget == 4  # other methods keep their own default
+    assert dec.with_method("pld").default_budget == METHODS["pld"].default_budget  # other methods keep their own default
     with pytest.raises(ValueError, match="needs --temperature > 0"):
         with_sampled_drafts(GraftOptions(), temperature=0.0)
 

@@ -119,9 +119,12 @@ def test_calibrate_then_generate_graft(monkeypatch, capsys, tiny_model_dir, tiny
     assert data["config"]["options"]["graft"]["calibration"] == calibration
     assert data["config"]["generation"]["budget"] == METHODS["graft"].default_budget
     # streaming: the summary line names the budget in use
-    code, out, err = run_cli(monkeypatch, capsys, *args, "--budget", "5", PROMPT)
+    code, out, err = run_cli(monkeypatch, capsys, *args, PROMPT)
     assert code == 0, err
-    assert out.strip() and "[graft] budget 5 nodes" in " ".join(err.split())  # rich wraps long lines
+    assert out.strip() and f"[graft] budget {METHODS['graft'].default_budget} nodes" in " ".join(err.split())  # rich wraps long lines
+    # thresholds fitted at one budget are not applied at another
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--budget", "5", PROMPT)
+    assert code == 2 and "budget" in err and "error:" in err
 
 
 def test_calibration_for_another_vocabulary(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir, tmp_path):

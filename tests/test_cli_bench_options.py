@@ -12,6 +12,7 @@ from specgraft.bench import BenchConfig
 from specgraft.bench.cli import bench
 from specgraft.bench.records import RESULTS_FILE, read_rows
 from specgraft.bench.runner import RUN_FILE, _check_resume
+from specgraft.methods import METHODS
 
 from tests.test_bench import draft_dir, target_dir  # noqa: F401  (module-scoped fixtures)
 
@@ -27,7 +28,7 @@ def test_preset_and_sampled_drafts(target_dir, draft_dir, tmp_path):  # noqa: F8
     assert result.exit_code == 0, result.output
     info = json.loads((out / RUN_FILE).read_text())
     assert info["config"]["preset"] == "gpu" and info["config"]["sample_drafts"] is True
-    assert info["config"]["budgets"] == {"ar": 1, "pld": 4, "draft-tree": 60}  # the preset's budget; pld keeps its own
+    assert info["config"]["budgets"] == {"ar": 1, "pld": METHODS["pld"].default_budget, "draft-tree": 60}  # the preset's budget; pld keeps its own
     assert "--preset gpu --sample-drafts" in info["command"]
     rows = {r.method: r for r in read_rows(out / RESULTS_FILE)}
     method_config = rows["draft-tree"].config["method_config"]

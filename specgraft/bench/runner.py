@@ -42,7 +42,7 @@ from specgraft.bench.peers import PEERS, HFPeer
 from specgraft.bench.records import AR_END, RESULTS_FILE, ResultRow, append_row, read_rows
 from specgraft.bench.repetition import self_repetition
 from specgraft.methods import METHODS, MethodOptions, method_names
-from specgraft.methods_graft import GraftOptions, load_draft_model, preset_budget, with_sampled_drafts
+from specgraft.methods_graft import GraftOptions, check_calibration_budget, load_draft_model, preset_budget, with_sampled_drafts
 
 RUN_FILE = "run.json"
 WARMUP_PROMPT = "Say hello in one short sentence."
@@ -152,6 +152,9 @@ class BenchConfig:
         parse_dtype(self.dtype)
         if self.recycling_state is not None and not Path(self.recycling_state).is_file():
             raise ValueError(f"recycling state {self.recycling_state!r} does not exist")
+        for method, budget in self.budgets.items():
+            if METHODS[method].needs_draft_model:
+                check_calibration_budget(method, self.method_options().graft, budget)
 
     @property
     def run_methods(self) -> tuple[str, ...]:
@@ -176,7 +179,7 @@ class BenchConfig:
         (draft-model methods: the preset's budget).
 
         >>> BenchConfig(model="m", out="o", methods="pld").budgets
-        {'ar': 1, 'pld': 4}
+        {'ar': 1, 'pld': 16}
         """
         from_preset = preset_budget(self.method_options().graft)
 
