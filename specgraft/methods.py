@@ -36,7 +36,9 @@ if TYPE_CHECKING:
 #: node pays only if the target accepts it more than ~10% of the time. ``pld`` proposes only the
 #: nodes whose estimated acceptance is >= 0.1 (``PLDConfig.min_prob``), so its budget is a cap
 #: that lets long copies run deep (16). ``recycling``'s template is scaled to the budget by
-#: measured rank acceptance (``tree/templates.py``); ptd at 8 (mt_bench 0.94x, MAT 1.25; 0.87x at
+#: measured rank acceptance (``tree/templates.py``); at 4 (warmed-up matrix, held-out prompts,
+#: 64 tokens: MAT 1.14 / 1.73 / 1.33 on mt_bench / summarization / math against 1.07 / 1.42 /
+#: 1.21 at 2, in about the same time; the row-cost model rates budgets 2-4 alike); ptd at 8 (mt_bench 0.94x, MAT 1.25; 0.87x at
 #: 4, 0.78x at 12); the draft-model methods use their preset's budget (cpu: 8,
 #: ``drafters/draft_model.py``). On a GPU, where verifying 60 nodes costs about one step, pass
 #: the papers' budgets (``--preset gpu`` for the draft-model methods).
