@@ -33,15 +33,20 @@ if TYPE_CHECKING:
 #: Nodes verified per step when the user gives no budget; every run records the budget it used.
 #: Measured on the 2-core AVX2 host (fp32, prepacked oneDNN linears), where a 1.5B verify pass
 #: costs ~0.37 s for one row, 0.42 s for 2, 0.55 s for 4, 0.64 s for 8 and 0.85 s for 16, so a
-#: node pays only if the target accepts it more than ~10% of the time. ``pld`` proposes only the
-#: nodes whose estimated acceptance is >= 0.1 (``PLDConfig.min_prob``), so its budget is a cap
-#: that lets long copies run deep (16). ``recycling``'s template is scaled to the budget by
-#: measured rank acceptance (``tree/templates.py``); at 4 (warmed-up matrix, held-out prompts,
-#: 64 tokens: MAT 1.14 / 1.73 / 1.33 on mt_bench / summarization / math against 1.07 / 1.42 /
-#: 1.21 at 2, in about the same time; the row-cost model rates budgets 2-4 alike); ptd at 8 (mt_bench 0.94x, MAT 1.25; 0.87x at
-#: 4, 0.78x at 12); the draft-model methods use their preset's budget (cpu: 8,
-#: ``drafters/draft_model.py``). On a GPU, where verifying 60 nodes costs about one step, pass
-#: the papers' budgets (``--preset gpu`` for the draft-model methods).
+#: node pays only if the target accepts it more than ~10% of the time.
+#:
+#: - ``pld``: 16, a cap. It proposes only nodes whose estimated acceptance is >= 0.1
+#:   (``PLDConfig.min_prob``), so long copies may run deep and weak matches cost one row or none;
+#:   a teacher-forced simulation over held-out outputs predicted the same speed at caps 8-24.
+#: - ``recycling``: 4. Its template is the budget's most promising nodes (``tree/templates.py``).
+#:   On held-out prompts with a warmed-up matrix (64 tokens), budget 4 reached MAT 1.14 / 1.73 /
+#:   1.33 on mt_bench / summarization / math against 1.07 / 1.42 / 1.21 at budget 2, in about the
+#:   same time; the row-cost model rates budgets 2-4 alike.
+#: - ``ptd``: 8 (mt_bench 0.94x, MAT 1.25; 0.87x at 4, 0.78x at 12).
+#: - draft-model methods: their preset's budget (cpu: 8, ``drafters/draft_model.py``).
+#:
+#: On a GPU, where verifying 60 nodes costs about one step, pass the papers' budgets
+#: (``--preset gpu`` for the draft-model methods).
 DEFAULT_BUDGETS: dict[str, int] = {
     "ar": 1,  # no drafters: the budget is never used
     "pld": 16,

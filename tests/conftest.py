@@ -60,3 +60,13 @@ def tiny_model_dir(tmp_path_factory):
     tiny_llama().save_pretrained(path)
     tiny_tokenizer().save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    tiny models are dominated by thread hand-offs on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -32,12 +32,7 @@ from tests.test_draft_tree import perturbed
 from tests.test_greedy_lossless import make_prompts
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def synthetic_recording(steps: int, seed: int, effect: bool) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:

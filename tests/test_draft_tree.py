@@ -32,13 +32,7 @@ MAX_NEW = 24
 N_PROMPTS = 20
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are dominated by thread hand-offs on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def perturbed(model: torch.nn.Module, scale: float = 0.1, seed: int = 7) -> torch.nn.Module:

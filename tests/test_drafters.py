@@ -115,3 +115,18 @@ def test_recycling_prefill_rows_and_save_load(tmp_path):
         SuccessorMatrix.load(path, vocab_size=11)
     with pytest.raises(ValueError, match="does not exist"):
         SuccessorMatrix.load(tmp_path / "missing.npz")
+
+
+def test_pld_learned_rate_does_not_penalise_branching():
+    """Two branches share the root; the target takes one of them half the time (and neither
+    otherwise): the copy rate after a 2-gram is the chance that *a* branch is right, 0.5."""
+    ctx = [1, 2, 3, 9, 1, 2, 4, 7, 1, 2]
+    d = PLDDrafter(PLDConfig(max_ngram=2, min_ngram=2, max_copy=1, min_prob=0.0, prior_strength=1.0))
+    for step in range(400):
+        draft = d.propose(ctx, budget=8)
+        assert sorted(draft.tokens) == [3, 4]
+        tree = DraftTree(tokens=draft.tokens, parents=draft.parents, sources=["pld"] * len(draft))
+        target = (3 if step % 4 == 0 else 4) if step % 2 == 0 else 99
+        accepted = [draft.tokens.index(target)] if target in draft.tokens else []
+        d.observe(StepResult(root_token=2, tree=tree, verify=VerifyResult(accepted, 5), logits=torch.zeros(1, 1), context=ctx))
+    assert d.rates.rate(2, 1) == pytest.approx(0.5, abs=0.02)

@@ -51,13 +51,7 @@ N_PROMPTS = 20
 GRAFT_ONLY = [v for v in VARIANTS if v != "draft-tree"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are dominated by thread hand-offs on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class StageRecorder:
@@ -439,3 +433,63 @@ def test_variant_names_are_validated():
         GraftConfig(variant="graft-everything")
     with pytest.raises(ValueError, match="unknown Graft variant"):
         build_graft_method("graft-everything", 96, GraftOptions(), draft_model=tiny_llama())
+
+
+# ---- refilling freed slots ----------------------------------------------------------------
+
+
+def refill_tree(refill_min_prior: float):
+    """Stage 0 at K = 8 (1 draft node, 7 retrieved) where the draft's node repeats the root's
+    rank-0 successor, so one retrieved node merges into it. Returns the tree, the plan, the
+    envelope priors by rank path and the matrix."""
+    from specgraft.composers.graft import GraftComposer
+    from specgraft.tree.templates import node_priors
+
+    config = GraftConfig(variant="graft", refill_min_prior=refill_min_prior)
+    planner = StagePlanner(config)
+    matrix = SuccessorMatrix(64, k=8)
+    matrix.table[:] = (np.arange(64)[:, None] * 8 + np.arange(8) + 13) % 64
+    matrix.table[1] = [5, 6, 7, 8, 9, 10, 11, 12]
+    envelope = GraftRetrieval(64, planner, matrix).propose([0, 1], 8)
+    draft = ModelDraft(source="draft", tokens=[5], parents=[-1], scores=[0.0], stage=0)
+    tree = GraftComposer(config, planner, matrix).compose(draft, envelope, 8, stage=0)
+    plan = planner.plan(8)
+    prior = dict(zip(plan.envelope.rank_paths, node_priors(plan.envelope), strict=True))
+    return tree, plan, prior, matrix
+
+
+def token_paths(tree) -> set[tuple[int, ...]]:
+    paths: dict[int, tuple[int, ...]] = {}
+    for i, (tok, p) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
+        paths[i] = (paths[p] if p >= 0 else ()) + (tok,)
+    return set(paths.values())
+
+
+def filled(matrix: SuccessorMatrix, root: int, rank_path: tuple[int, ...]) -> tuple[int, ...]:
+    """The tokens a rank path reaches from ``root``."""
+    out, tok = [], root
+    for r in rank_path:
+        tok = int(matrix.table[tok, r])
+        out.append(tok)
+    return tuple(out)
+
+
+def test_retrieval_refills_slots_freed_by_merged_nodes():
+    tree, plan, prior, matrix = refill_tree(0.02)
+    assert plan.k_draft[0] == 1 and plan.k_ret[0] == 7
+    # the stage template's rank-0 root child merged into the draft node: its slot is refilled
+    assert len(tree) == 8 and Counter(tree.sources) == {"draft": 1, "retrieval": 7}
+    stage = set(plan.stage_templates[0].rank_paths)
+    # every stage node is in the tree, and so is the best envelope node outside the stage
+    refill = [p for p in plan.envelope.rank_paths if p not in stage and prior[p] >= 0.02]
+    best = max(refill, key=lambda p: (prior[p], -len(p)))
+    in_tree = token_paths(tree)
+    for path in stage | {best}:
+        assert filled(matrix, 1, path) in in_tree, f"rank path {path} missing"
+
+
+def test_refill_floor_leaves_slots_empty():
+    tree, plan, _, matrix = refill_tree(0.99)
+    # only the stage template is offered: the merged node's slot stays empty
+    assert len(tree) == 7 and Counter(tree.sources) == {"draft": 1, "retrieval": 6}
+    assert token_paths(tree) == {filled(matrix, 1, p) for p in plan.stage_templates[0].rank_paths}

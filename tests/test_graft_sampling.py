@@ -30,12 +30,7 @@ N_STAT = 3000
 BUDGET = 6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def variant_sampling(variant: str, sample_drafts: bool = True, k: int = 3) -> tuple[float, float, float, Counter, Counter]:

@@ -42,7 +42,7 @@ DEFINITIONS = """\
 - **tokens/s** = new tokens / generation time (prefill included), `time.perf_counter()` around generation only, after a warm-up, every method in the same process with the same dtype and threads.
 - **agreement** with `ar` on the same input ids: exact outputs / generations, mean fraction of equal positions, earliest first divergence (token index). Greedy verification is lossless, but a pass over several rows and a one-row pass round differently (bf16 much more than fp32), so outputs may drift after a near-tie.
 - **retrieval ceiling** = READER's self-repetition metric (sec. 4.1) over the `ar` outputs: response tokens / pointer advances when each advance takes the longest continuation found in the input or the already-processed output; the MAT an infinite retrieval tree over prompt + history would reach (without counting a bonus token).
-- Each method has its own engine over the one loaded model and runs one short warm-up generation on a prompt outside the suites; drafters that learn across generations (Token Recycling's successor matrix) keep that state through the run, in prompt order.
+- Each method has its own engine over the one loaded model and runs one short warm-up generation on a prompt outside the suites; drafters that learn across generations (Token Recycling's and Graft's successor matrix, `pld`'s copy rates) keep that state through the run, in prompt order.
 - Absolute times on a shared machine are noisy; ratios measured in one run are the meaningful figures."""
 
 

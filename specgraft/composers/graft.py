@@ -42,9 +42,10 @@ it only pays off when the whole draft prefix is accepted, as the paper says.
 
 Example with ``K = 60`` and a draft pruned at the root (stage 0): 8 draft nodes (the 8 best
 children of the root) + the 52-node ``d0`` template filled from ``M[root]`` -> a 60-node tree.
-A retrieved node that repeats a draft node is merged, not duplicated, and its slot goes to the
-next envelope node by prior acceptance, so the tree still has 60 nodes (eq. 11) when the
-envelope has enough valid nodes.
+A retrieved node that repeats a draft node is merged, not duplicated, and its slot (like one a
+gated draft leaves unused) goes to the next envelope node by prior acceptance, so the tree
+still has 60 nodes (eq. 11) when the envelope has enough valid nodes whose prior reaches
+``GraftConfig.refill_min_prior``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ class GraftConfig:
     """The stage whose split ``graft-root`` and ``graft-tail`` use at every step."""
     k: int = 8
     """Successors per token in the matrix (template ranks are ``< k``)."""
+    refill_min_prior: float = 0.02
+    """Envelope nodes outside the stage's template refill freed slots only if their prior
+    acceptance (``tree/templates.py``, ``node_priors``) is at least this: on a CPU every row of a
+    verify pass costs a few percent of a step, and a 0.4% node is not worth one. 0 = fill to K."""
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -98,6 +103,8 @@ class GraftConfig:
                 raise ValueError(f"{name} must index a stage (0..{len(self.stage_templates) - 1}), got {getattr(self, name)}")
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
+        if not 0.0 <= self.refill_min_prior < 1.0:
+            raise ValueError(f"refill_min_prior must lie in [0, 1), got {self.refill_min_prior}")
 
     @property
     def gated(self) -> bool:
@@ -165,8 +172,9 @@ class BudgetPlan:
     # [stages] envelope node indices of each stage's template
     stage_nodes: tuple[np.ndarray, ...]
     # [stages][envelope nodes] admission order of the retrieved nodes at each stage: the stage's
-    # template first, then the rest of the envelope, each by prior acceptance (higher first)
-    stage_scores: tuple[np.ndarray, ...] = ()
+    # template first (scores >= 1), then the rest of the envelope, each by prior acceptance
+    # (higher first); NaN = never offered (a refill node below ``refill_min_prior``)
+    stage_scores: tuple[np.ndarray, ...]
 
 
 def plan_budget(config: GraftConfig, budget: int) -> BudgetPlan:
@@ -192,7 +200,11 @@ def plan_budget(config: GraftConfig, budget: int) -> BudgetPlan:
     for nodes in where[1:]:
         in_stage = np.zeros(len(envelope), dtype=bool)
         in_stage[nodes] = True
-        scores.append(prior + in_stage)  # priors lie in (0, 1): stage nodes always come first
+        score = prior + in_stage  # priors lie in (0, 1): stage nodes always come first
+        # a dropped refill node's descendants have lower priors and are dropped too; the stage
+        # template is closed under parents, so the offered nodes stay a tree
+        score[~in_stage & (prior < config.refill_min_prior)] = np.nan
+        scores.append(score)
     return BudgetPlan(
         budget=budget, k_draft=k_draft, k_ret=k_ret, stage_templates=stages, envelope=envelope,
         stage_nodes=tuple(where[1:]), stage_scores=tuple(scores),
@@ -217,6 +229,8 @@ class EnvelopeDraft(Draft):
     """The filled retrieval envelope; ``template_nodes[i]`` is node ``i``'s envelope template node."""
 
     template_nodes: list[int] = field(default_factory=list)
+    budget: int = 0
+    """The budget whose :class:`BudgetPlan` envelope this is (the composer must use the same)."""
 
 
 class GraftRetrieval(RecyclingDrafter):
@@ -245,6 +259,7 @@ class GraftRetrieval(RecyclingDrafter):
             tokens=toks[keep].tolist(),
             parents=[int(new_index[par[i]]) if par[i] >= 0 else -1 for i in keep],
             template_nodes=keep.tolist(),
+            budget=budget,
         )
 
 
@@ -262,19 +277,27 @@ def envelope_part(envelope: EnvelopeDraft, nodes: np.ndarray) -> Draft:
 
 
 def retrieval_part(envelope: EnvelopeDraft, scores: np.ndarray) -> Draft:
-    """Every envelope node, scored by ``scores[template node]`` so that a merge admits the stage's
-    template first and refills from the rest of the envelope.
+    """The envelope nodes offered at a stage, scored by ``scores[template node]`` (NaN: not
+    offered) so that a merge admits the stage's template first and refills from the rest.
 
-    A retrieved node that repeats a kept draft node is merged into it, and a node under an
-    unfilled matrix row is missing; either way its slot would stay empty. Offering the whole
-    envelope in the stage's order fills the tree to ``K`` nodes (eq. 11, ``|T_s| = K_max``)
-    with distinct candidates: the stage template's nodes, then the envelope's next best.
+    A retrieved node that repeats a kept draft node is merged into it, a node under an unfilled
+    matrix row is missing, and a gated draft may keep fewer nodes than ``K_draft``; each leaves
+    a slot empty. Offering the envelope in the stage's order fills those slots (eq. 11,
+    ``|T_s| = K_max``) with distinct candidates: the stage template's nodes, then the envelope's
+    next best, as long as their prior reaches ``GraftConfig.refill_min_prior``.
+
+    Example: stage template ``(0,)`` (score 1.45) and refill nodes ``(1,)`` (0.08) and
+    ``(0, 0)`` (0.2); with a floor of 0.1, ``(1,)`` is not offered::
+
+        retrieval_part(envelope, np.array([1.45, np.nan, 0.2]))   # tokens of (0,) and (0, 0)
     """
+    keep = [i for i, t in enumerate(envelope.template_nodes) if not np.isnan(scores[t])]
+    new_index = {old: new for new, old in enumerate(keep)}
     return Draft(
         source=envelope.source,
-        tokens=list(envelope.tokens),
-        parents=list(envelope.parents),
-        scores=[float(scores[t]) for t in envelope.template_nodes],
+        tokens=[envelope.tokens[i] for i in keep],
+        parents=[new_index[envelope.parents[i]] if envelope.parents[i] >= 0 else -1 for i in keep],
+        scores=[float(scores[envelope.template_nodes[i]]) for i in keep],
     )
 
 
@@ -292,6 +315,12 @@ def sample_and_match_where_retrieved(tree: DraftTree, retrieved: Draft, first: i
 
     Example: sampled children ``[5, 6]`` of the root and a retrieved root child ``5``: merged,
     the root has children ``5, 6``, both with their ``q`` rows; here both rows become NaN.
+
+    With retrieval at the root, ``retrieved`` is everything the stage offers
+    (:func:`retrieval_part`), admitted or not: which retrieved nodes the budget admits depends on
+    how many merged into sampled nodes, so only the offer is independent of the sampled values.
+    The price is that every parent under which the envelope offers a child (the root, always)
+    uses sample-and-match, even when none of its retrieved children is admitted.
     """
     if tree.draft_probs is None or not len(retrieved):
         return tree
@@ -370,6 +399,7 @@ class GraftComposer:
         retrieved, first_retrieved = None, 0
         if self.config.retrieval == "root":
             assert envelope is not None, f"{self.config.variant} needs the retrieval envelope (GraftRetrieval)"
+            assert envelope.budget == budget, f"envelope filled for budget {envelope.budget}, composed at {budget}"
             retrieved = retrieval_part(envelope, plan.stage_scores[stage])
         elif self.config.retrieval == "tail" and plan.k_ret[stage] > 0:
             retrieved, first_retrieved = self.tail_part(kept, plan.stage_templates[stage])

@@ -7,10 +7,11 @@ becomes a branch, so when earlier matches continue differently both are verified
 
 Which nodes are worth a row of the verify pass? A copy after a long match is usually right far
 into the copy, one after a short match rarely past its first token (measured with
-Qwen2.5-Coder-1.5B on held-out Spec-Bench prompts: after a 3-gram match each copied token was
-right ~88% of the time given the one before it, ten tokens deep; after a 1- or 2-gram match the
-first copied token was right ~25% of the time and later ones almost never). So each node gets an
-**estimated acceptance probability**::
+Qwen2.5-Coder-1.5B on held-out Spec-Bench and HumanEval prompts: after a 3-gram match the first
+copied token was right 82% of the time and each later one ~85% of the time given the one before
+it, ten tokens deep; after a 1- or 2-gram match the first copied token was right 31% / 45% of
+the time, and later ones, given their parent was right, 40-90% but on few samples). So each
+node gets an **estimated acceptance probability**::
 
     p(node) = p(parent) * share(node) * q(n, depth)
 
@@ -28,8 +29,10 @@ one row or none. ``min_prob=0`` and flat priors give plain best-first PLD.
 
 Example with ``context = [1, 2, 3, 9, 1, 2, 4, 7, 1, 2]``, ``max_ngram = 2``: the tail
 ``[1, 2]`` occurs at positions 0 and 4; they continue ``[3, 9, 1, ...]`` and ``[4, 7, 1, ...]``,
-so the draft has two branches, ``3 -> 9 -> 1 ...`` and ``4 -> 7 -> 1 ...``, each with half the
-support at the root; the more recent (``4``) is admitted first on ties.
+so the trie has two branches, ``3 -> 9 -> 1 ...`` and ``4 -> 7 -> 1 ...``, each with about half
+the support at the root (the more recent match, ``4``, a hair more). With the prior ``q(2, 1) =
+0.3`` both first tokens get ``p = 0.15`` and are proposed; the second tokens (``0.15 * 0.6 =
+0.09``) fall below ``min_prob = 0.1`` until the rates learned from verify passes lift them.
 """
 
 from __future__ import annotations
@@ -105,6 +108,12 @@ class CopyRates:
     >>> r.record(1, 1, True); r.record(1, 1, True)
     >>> r.rate(1, 1), r.rate(1, 2)
     (0.75, 0.5)
+
+    Two branches with half the support each, one of them right: one try, one hit.
+
+    >>> r.record(1, 2, True, weight=0.5); r.record(1, 2, False, weight=0.5)
+    >>> r.rate(1, 2)
+    0.6666666666666666
     """
 
     def __init__(self, prior_first: Sequence[float], prior_later: Sequence[float], strength: float):
@@ -123,9 +132,10 @@ class CopyRates:
         den = self.tries[i] + self.strength
         return float(num / den) if den > 0 else float(self.prior[i])
 
-    def record(self, n: int, depth: int, hit: bool) -> None:
+    def record(self, n: int, depth: int, hit: bool, weight: float = 1.0) -> None:
+        """One outcome; ``weight`` is the share of a try it stands for (a branch's ``share``)."""
         i = self._index(n, depth)
-        self.tries[i] += 1
+        self.tries[i] += weight
         self.hits[i] += hit
 
 
@@ -237,12 +247,17 @@ class PLDDrafter:
             scores=[probs[i] for i in keep],
         )
         # every proposed node, kept or not: observe learns the copy rates from all of them
-        self._last = (tokens, parents, list(zip(longest, depth, strict=True)))
+        shares = [support[i] / continuing[p] for i, p in enumerate(parents)]
+        self._last = (tokens, parents, list(zip(longest, depth, shares, strict=True)))
         return draft
 
     def observe(self, step: StepResult) -> None:
         """Learn ``q`` from the target's tokens: a node whose parent lay on the accepted path
-        (or is the root) was right iff its token is the target's token at its depth."""
+        (or is the root) was right iff its token is the target's token at its depth.
+
+        ``p(node) = p(parent) * share * q``, so under a parent on the path the expected number of
+        right children is ``q`` (shares sum to one): each child counts ``share`` tries and its
+        hit one hit, and ``hits / tries`` estimates ``q`` without penalising branching."""
         if self._last is None:
             return
         tokens, parents, keys = self._last
@@ -250,8 +265,8 @@ class PLDDrafter:
         truth = step.new_tokens  # accepted tokens + the bonus token
         on_path = [False] * len(tokens)
         for i, p in enumerate(parents):
-            n, d = keys[i]
+            n, d, share = keys[i]
             if (p < 0 or on_path[p]) and d <= len(truth):
                 hit = tokens[i] == truth[d - 1]
-                self.rates.record(n, d, hit)
+                self.rates.record(n, d, hit, weight=share)
                 on_path[i] = hit

@@ -123,6 +123,8 @@ def scale_template(counts: tuple[int, ...] | list[int], budget: int, k: int = 8,
     >>> scale_template(FULL_ENVELOPE, 8).depth_counts()
     [3, 3, 1, 1]
     """
+    if any(not 0.0 < r <= 1.0 for r in rates):
+        raise ValueError(f"rank rates must lie in (0, 1], got {rates}")
     full = rank_template(counts, k)
     if budget >= len(full):
         return full
@@ -137,6 +139,7 @@ def scale_template(counts: tuple[int, ...] | list[int], budget: int, k: int = 8,
 def subtemplate(template: RankTemplate, keep: list[int]) -> RankTemplate:
     """The nodes ``keep`` of ``template`` (closed under parents, in depth order), reindexed."""
     new_index = {old: new for new, old in enumerate(keep)}
+    assert all(template.parents[i] < 0 or template.parents[i] in new_index for i in keep), "keep is not closed under parents"
     paths = [template.rank_paths[i] for i in keep]
     parents = [new_index[template.parents[i]] if template.parents[i] >= 0 else -1 for i in keep]
     depth = max((len(p) for p in paths), default=0)
