@@ -18,12 +18,13 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless spe
 models_app = typer.Typer(no_args_is_help=True, help="List and pull the offline model catalog.")
 app.add_typer(models_app, name="models")
 
-from specgraft.bench.cli import bench  # noqa: E402  (these three import no torch: CLI start-up stays fast)
+from specgraft.bench.cli import bench, report  # noqa: E402  (these three import no torch: CLI start-up stays fast)
 from specgraft.calibrate_cli import calibrate  # noqa: E402
 from specgraft.methods import METHODS, MethodOptions, get_method, method_names  # noqa: E402
 from specgraft.methods_graft import GraftOptions, with_sampled_drafts  # noqa: E402
 
 app.command()(bench)
+app.command()(report)
 app.command()(calibrate)
 
 # plain text: summaries start with `[method]`, which rich would take for markup

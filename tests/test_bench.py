@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from specgraft.bench.compare import agreement
 from specgraft.bench.datasets import DATA_DIR, SUITES, parse_suite_spec
 from specgraft.bench.records import RESULTS_FILE, read_rows
 from specgraft.bench.repetition import longest_match
-from specgraft.bench.report import OVERALL, summarize
+from specgraft.bench.report import OVERALL, common_rows, summarize
 from specgraft.bench.peers import PEERS
 from specgraft.bench.runner import build_methods, conversation_ids, load_models
 from specgraft.calibrate import save_calibration
@@ -329,6 +330,20 @@ def test_bracketed_run_uses_the_mean_of_both_ar_runs(target_dir, tmp_path):
     assert "## Baseline drift" in text and "median ar-end / ar time" in text
     assert "--no-bracket" not in text and "--no-bracket" in config(target_dir, out).to_command()
 
+    # `specgraft report DIR` renders the same report again from the rows (a stopped run)
+    from typer.testing import CliRunner
+
+    from specgraft.cli import app
+
+    report.unlink()
+    shutil.rmtree(out / "plots")
+    result = CliRunner().invoke(app, ["report", str(out)])
+    assert result.exit_code == 0, result.output
+    assert report.read_text() == text and (out / "plots" / "speedup_vs_mat.png").exists()
+    assert "## Baseline drift" in result.output
+    missing = CliRunner().invoke(app, ["report", str(tmp_path / "nowhere")], standalone_mode=False)
+    assert isinstance(missing.exception, ValueError) and "no results.jsonl" in str(missing.exception)
+
 
 def test_resume_skips_finished_rows(target_dir, tmp_path):
     out = tmp_path / "run"
@@ -353,6 +368,17 @@ def test_resume_skips_finished_rows(target_dir, tmp_path):
     assert len({r.session for r in new}) == 1 and new[0].session != first[0].session
     assert {(r.prompt_id, r.method) for r in new if r.prompt_id == "HumanEval/0"} == {("HumanEval/0", "hf")}
     assert "2 sessions" in (out / "report.md").read_text()
+    assert "inputs every method ran" not in (out / "report.md").read_text(), "every method ran every input"
+
+    # a third session adds a prompt for ar only: the report compares methods on their common inputs too
+    run_benchmark(config(target_dir, out, suite="humaneval:3", methods="ar", resume=True))
+    rows = read_rows(out / RESULTS_FILE)
+    shared = common_rows(rows)
+    assert {r.prompt_id for r in rows} - {r.prompt_id for r in shared} == {"HumanEval/2"}
+    text = (out / "report.md").read_text()
+    generations = len({(r.prompt_id, r.turn) for r in shared})
+    prompts = len({r.prompt_id for r in shared})
+    assert f"## Overall on the inputs every method ran ({prompts} prompts, {generations} generations)" in text
 
 
 def test_cli_with_draft_model(target_dir, draft_dir, tmp_path):

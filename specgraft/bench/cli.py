@@ -78,3 +78,20 @@ def bench(
     )
     report = run_benchmark(config)
     typer.echo(report.read_text())
+
+
+def report(
+    out: str = typer.Argument(..., help="A benchmark output directory (the --out of `specgraft bench`)."),
+) -> None:
+    """Render report.md and plots/ again from DIR/results.jsonl (an interrupted, stopped or resumed run).
+
+    Example: ``specgraft report benchmarks/results`` after stopping a long run with Ctrl-C; the
+    rows measured so far are reported, and ``specgraft bench ... --resume`` continues the run.
+    """
+    from pathlib import Path
+
+    from specgraft.bench.report import write_report
+
+    if not (Path(out) / "results.jsonl").exists():
+        raise ValueError(f"{out}: no results.jsonl here; pass the --out directory of a benchmark run")
+    typer.echo(write_report(out).read_text())

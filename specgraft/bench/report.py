@@ -188,6 +188,24 @@ def summarize(rows: Sequence[ResultRow]) -> Summary:
     return Summary(methods, tasks, cells, ceiling, prompts, sessions, drift)
 
 
+def common_rows(rows: Sequence[ResultRow]) -> list[ResultRow]:
+    """The rows of the inputs (prompt, turn) that every method in ``rows`` ran.
+
+    A resumed run may add methods on some prompts only; speedups of two methods are comparable only
+    on the same inputs, so the report adds an overall table over these.
+
+    >>> from types import SimpleNamespace as R
+    >>> rows = [R(prompt_id=p, turn=0, method=m) for p, m in [("a", "ar"), ("a", "x"), ("b", "ar")]]
+    >>> [(r.prompt_id, r.method) for r in common_rows(rows)]
+    [('a', 'ar'), ('a', 'x')]
+    """
+    methods = {r.method for r in rows}
+    ran: dict[tuple[str, int], set[str]] = {}
+    for r in rows:
+        ran.setdefault((r.prompt_id, r.turn), set()).add(r.method)
+    return [r for r in rows if ran[(r.prompt_id, r.turn)] == methods]
+
+
 # -- markdown ------------------------------------------------------------------------------
 
 
@@ -297,7 +315,11 @@ def _budgets(cfg: dict) -> str:
     return ", ".join(f"{m} {b}" for m, b in budgets.items())
 
 
-def render_markdown(summary: Summary, run_info: dict | None = None, plots: Sequence[str] = ()) -> str:
+def render_markdown(
+    summary: Summary, run_info: dict | None = None, plots: Sequence[str] = (), common: Summary | None = None
+) -> str:
+    """The report; ``common`` (a summary of :func:`common_rows`) adds an overall table over the inputs
+    every method ran, for runs whose methods cover different inputs."""
     run_info = run_info or {}
     lines = ["# specgraft benchmark", ""]
     if run_info.get("command"):
@@ -320,6 +342,15 @@ def render_markdown(summary: Summary, run_info: dict | None = None, plots: Seque
     sr = summary.ceiling.get(OVERALL)
     lines += [f"## Overall ({summary.prompts[OVERALL]} prompts; retrieval ceiling {_f(sr.value if sr else None)})", ""]
     lines += task_table(summary, OVERALL) + [""]
+    if common is not None:
+        n_gen = common.cells[("ar", OVERALL)].generations if ("ar", OVERALL) in common.cells else 0
+        lines += [
+            f"## Overall on the inputs every method ran ({common.prompts.get(OVERALL, 0)} prompts, {n_gen} generations)",
+            "",
+            "Methods above ran on different inputs (a resumed run that added prompts for some methods only); "
+            "this table compares all of them on the same ones.",
+            "",
+        ] + task_table(common, OVERALL) + [""]
     if summary.drift:
         lines += [
             "## Baseline drift",
@@ -360,7 +391,9 @@ def write_report(out_dir: str | Path) -> Path:
     run_file = out_dir / "run.json"
     run_info = json.loads(run_file.read_text()) if run_file.exists() else {}
     summary = summarize(rows)
+    shared = common_rows(rows)
+    common = summarize(shared) if shared and len(shared) < len(rows) else None
     plots = write_plots(summary, out_dir / "plots")
     report = out_dir / "report.md"
-    report.write_text(render_markdown(summary, run_info, [str(p.relative_to(out_dir)) for p in plots]))
+    report.write_text(render_markdown(summary, run_info, [str(p.relative_to(out_dir)) for p in plots], common))
     return report
