@@ -29,7 +29,7 @@ def _colors(methods: list[str]) -> dict[str, tuple]:
 
 def plot_speedup_vs_mat(summary: Summary, path: Path) -> Path:
     colors = _colors(summary.methods)
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = plt.subplots(figsize=(9.5, 5))
     for m in summary.methods:
         overall = summary.cells[(m, OVERALL)]
         if overall.peer:
@@ -48,7 +48,8 @@ def plot_speedup_vs_mat(summary: Summary, path: Path) -> Path:
     ax.set_xlabel("MAT (tokens per step, bonus token included)")
     ax.set_ylabel("speedup vs ar (total ar time / total method time)")
     ax.set_title("Speed against MAT, per method (colour) and task (marker)")
-    ax.legend(fontsize=7, loc="best")
+    # outside the axes: with a dozen methods a legend inside hides the points
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
