@@ -343,7 +343,7 @@ def render_markdown(
     lines += [f"## Overall ({summary.prompts[OVERALL]} prompts; retrieval ceiling {_f(sr.value if sr else None)})", ""]
     lines += task_table(summary, OVERALL) + [""]
     if common is not None:
-        n_gen = common.cells[("ar", OVERALL)].generations if ("ar", OVERALL) in common.cells else 0
+        n_gen = ar.generations if (ar := common.cell("ar", OVERALL)) else 0
         lines += [
             f"## Overall on the inputs every method ran ({common.prompts.get(OVERALL, 0)} prompts, {n_gen} generations)",
             "",
@@ -385,6 +385,8 @@ def write_report(out_dir: str | Path) -> Path:
     from specgraft.bench.plots import write_plots
 
     out_dir = Path(out_dir)
+    if not (out_dir / RESULTS_FILE).exists():
+        raise ValueError(f"{out_dir}: no {RESULTS_FILE} here; pass the --out directory of a benchmark run")
     rows = read_rows(out_dir / RESULTS_FILE)
     if not rows:
         raise ValueError(f"{out_dir / RESULTS_FILE} has no results")
