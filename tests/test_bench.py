@@ -250,8 +250,10 @@ def test_second_turn_holds_the_first_answer():
 
 
 def check_rows_consistent(rows) -> None:
-    keys = [r.key for r in rows]
-    assert len(keys) == len(set(keys)), "a (prompt, turn, method) row was written twice"
+    # a (prompt, turn, method) row is written once per session (a later session measures baselines again)
+    keys = [(*r.key, r.session) for r in rows]
+    assert len(keys) == len(set(keys)), "a (prompt, turn, method) row was written twice in one session"
+    assert all(r.method in ("ar", "ar-end", "hf") for r in rows if sum(x.key == r.key for x in rows) > 1)
     for r in rows:
         assert r.new_tokens == len(r.tokens) <= MAX_NEW
         assert r.time_s > 0 and r.config["max_new_tokens"] == MAX_NEW
@@ -362,13 +364,25 @@ def test_resume_skips_finished_rows(target_dir, tmp_path):
     run_benchmark(config(target_dir, out, suite="humaneval:2,mt-bench:1", methods="ar,pld,hf", resume=True))
     rows = read_rows(out / RESULTS_FILE)
     assert rows[: len(first)] == first, "finished rows are kept as they were"
-    assert len(rows) == (2 + 2) * 3
+    # ar, pld and hf on 4 inputs, plus ar again on the 3 inputs that gain hf in this session
+    assert len(rows) == (2 + 2) * 3 + 3
     check_rows_consistent(rows)
     new = rows[len(first) :]
     assert len({r.session for r in new}) == 1 and new[0].session != first[0].session
-    assert {(r.prompt_id, r.method) for r in new if r.prompt_id == "HumanEval/0"} == {("HumanEval/0", "hf")}
+    assert [(r.prompt_id, r.method) for r in new if r.prompt_id == "HumanEval/0"] == [("HumanEval/0", "ar"), ("HumanEval/0", "hf")]
+    # each row pairs with the ar of its own session; the ar cell counts each input once
+    summary = summarize(rows)
+    assert summary.cell("ar", OVERALL).generations == 4
+    same_session_ar = {(r.prompt_id, r.turn, r.session): r.time_s for r in rows if r.method == "ar"}
+    for method, session in (("hf", new[0].session), ("pld", first[0].session)):
+        cell = summary.cell(method, OVERALL)
+        paired = [same_session_ar[(r.prompt_id, r.turn, session)] for r in rows if r.method == method and r.session == session]
+        if method == "pld":  # HumanEval/1's pld ran in the second session, beside that session's ar
+            paired += [same_session_ar[(r.prompt_id, r.turn, r.session)] for r in rows if r.method == "pld" and r.session != session]
+        assert cell.ar_time_s == pytest.approx(sum(paired))
     assert "2 sessions" in (out / "report.md").read_text()
     assert "inputs every method ran" not in (out / "report.md").read_text(), "every method ran every input"
+    assert "## Every method by task: speedup over `ar` (MAT)\n" in (out / "report.md").read_text()
 
     # a third session adds a prompt for ar only: the report compares methods on their common inputs too
     run_benchmark(config(target_dir, out, suite="humaneval:3", methods="ar", resume=True))
@@ -379,6 +393,11 @@ def test_resume_skips_finished_rows(target_dir, tmp_path):
     generations = len({(r.prompt_id, r.turn) for r in shared})
     prompts = len({r.prompt_id for r in shared})
     assert f"## Overall on the inputs every method ran ({prompts} prompts, {generations} generations)" in text
+    # the by-task matrix compares methods on those common inputs: speedup (MAT) for ours, speedup for peers
+    common = summarize(shared)
+    pld, hf = common.cell("pld", OVERALL), common.cell("hf", OVERALL)
+    assert "## Every method by task: speedup over `ar` (MAT) on the inputs every method ran" in text
+    assert f"| overall | {pld.speedup:.2f}x ({pld.mat:.2f}) | {hf.speedup:.2f}x |" in text
 
 
 def test_cli_with_draft_model(target_dir, draft_dir, tmp_path):
@@ -397,6 +416,10 @@ def test_cli_with_draft_model(target_dir, draft_dir, tmp_path):
     rows = read_rows(out / RESULTS_FILE)
     assert [r.method for r in rows] == ["ar", "hf", "hf-assisted", "ar-end"], "the CLI brackets by default"
     assert "hf-assisted (HF)" in result.output
+    # one log line per measured row, with the ETA (a progress bar does not show in a log)
+    lines = [line for line in result.output.splitlines() if line.startswith("[")]
+    assert [line.split(" ", 1)[0] for line in lines] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"], result.output
+    assert " hf-assisted: " in lines[2] and "x ar; eta " in lines[2] and lines[3].endswith("eta 0:00")
     bad = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "cli2"), "--suite", "nope"])
     assert isinstance(bad.exception, ValueError) and "unknown suite 'nope'" in str(bad.exception)
 

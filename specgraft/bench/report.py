@@ -6,7 +6,8 @@ Definitions used in every table (the report states them too):
   task's generations (prompt, turn) that both ran; the overall speedup is the same ratio over all
   generations. ``vs HF`` is the same ratio with HF plain ``generate`` (``hf``) as the baseline.
   When the run was bracketed (``ar-end`` rows: ``ar`` again after every other method on the same
-  input), a generation's ``ar`` time is the mean of its two ``ar`` runs.
+  input), a generation's ``ar`` time is the mean of its two ``ar`` runs. Rows pair with the
+  baselines measured in their own session (a resumed session measures them again).
 - **decode speedup** = the same ratio with each generation's prefill taken out (our methods only).
 - **MAT** = total new tokens / total steps, bonus token included; peers have no observable steps.
 - **tokens/s** = total new tokens / total generation time.
@@ -36,7 +37,7 @@ OVERALL = "overall"
 PHASES = ("prefill", "draft", "forward", "verify", "commit", "observe")
 
 DEFINITIONS = """\
-- **speedup** (per task) = total `ar` time / total method time over the task's generations (each prompt and turn); **overall** = the same ratio over all generations. `vs HF` uses HF plain `generate` (`hf`) as the baseline instead of our `ar`. In a bracketed run `ar` runs twice on every input, first and last (`ar-end`), and its time is the mean of the two, so a drift of the machine's speed during a prompt cancels to first order; the *baseline drift* table shows how far the two runs differed.
+- **speedup** (per task) = total `ar` time / total method time over the task's generations (each prompt and turn); **overall** = the same ratio over all generations. `vs HF` uses HF plain `generate` (`hf`) as the baseline instead of our `ar`. In a bracketed run `ar` runs twice on every input, first and last (`ar-end`), and its time is the mean of the two, so a drift of the machine's speed during a prompt cancels to first order; the *baseline drift* table shows how far the two runs differed. A resumed session that adds methods to an input runs `ar` again, and each row is compared with the `ar` of its own session.
 - **decode speedup** = the same ratio with each generation's prefill time taken out (`ar` time - `ar` prefill) / (method time - method prefill); only for our methods, whose engine times its prefill. Long prompts (summarization, RAG) spend much of their time in prefill on a CPU.
 - **MAT** = new tokens / steps, **bonus token included**; HF peers expose no steps, so their MAT is `-`.
 - **tokens/s** = new tokens / generation time (prefill included), `time.perf_counter()` around generation only, after a warm-up, every method in the same process with the same dtype and threads.
@@ -153,8 +154,22 @@ class Summary:
 
 def summarize(rows: Sequence[ResultRow]) -> Summary:
     """Pool rows per (method, task) and overall; speedups pair each row with ``ar`` (and ``hf``)
-    on the same (prompt, turn)."""
-    by_key = {r.key: r for r in rows}
+    on the same (prompt, turn), measured in the row's own session.
+
+    A resumed session that adds methods to an input measures its baselines again
+    (:func:`specgraft.bench.runner.to_measure`), so an input may hold several ``ar`` rows: each
+    row pairs with the one of its session (the first one if its session has none), and a
+    method's cell pools only the first row of each input.
+    """
+    first: dict[tuple[str, int, str], ResultRow] = {}
+    by_session: dict[tuple[str, int, str, str], ResultRow] = {}
+    for r in rows:
+        first.setdefault(r.key, r)
+        by_session.setdefault((*r.key, r.session), r)
+
+    def base(r: ResultRow, method: str) -> ResultRow | None:
+        return by_session.get((r.prompt_id, r.turn, method, r.session)) or first.get((r.prompt_id, r.turn, method))
+
     methods = list(dict.fromkeys(r.method for r in rows if r.method != AR_END))
     if "ar" in methods:
         methods = ["ar", *[m for m in methods if m != "ar"]]
@@ -162,14 +177,15 @@ def summarize(rows: Sequence[ResultRow]) -> Summary:
     cells: dict[tuple[str, str], Cell] = {}
     drift: dict[str, list[float]] = {}
     for r in rows:
-        ar = by_key.get((r.prompt_id, r.turn, "ar"))
+        ar = base(r, "ar")
         if r.method == AR_END:
             if ar is not None and ar.time_s > 0:
                 for task in (r.task, OVERALL):
                     drift.setdefault(task, []).append(r.time_s / ar.time_s)
             continue
-        hf = by_key.get((r.prompt_id, r.turn, "hf"))
-        ar_end = by_key.get((r.prompt_id, r.turn, AR_END))
+        if first[r.key] is not r:
+            continue
+        hf, ar_end = base(r, "hf"), base(r, AR_END)
         for task in (r.task, OVERALL):
             cell = cells.setdefault((r.method, task), Cell(r.method, task, r.peer))
             cell.add(r, ar, hf, ar_end)
@@ -177,7 +193,7 @@ def summarize(rows: Sequence[ResultRow]) -> Summary:
     for task in [*tasks, OVERALL]:
         parts = [
             SelfRepetition(**r.self_repetition)
-            for r in rows
+            for r in first.values()
             if r.method == "ar" and r.self_repetition and (task == OVERALL or r.task == task)
         ]
         if parts:
@@ -244,6 +260,25 @@ def task_table(summary: Summary, task: str) -> list[str]:
     return _table(header, out)
 
 
+def matrix_table(summary: Summary) -> list[str]:
+    """Markdown rows: one per task (and ``overall``), one column per method but ``ar``; each cell is
+    the speedup over ``ar`` with the MAT in brackets (peers have no MAT), ``-`` where the method did
+    not run on the task. Every method side by side in one table, e.g. ``| qa | 1.12x (3.15) | 1.08x |``.
+    """
+    methods = [m for m in summary.methods if m != "ar"]
+    rows = []
+    for task in [*summary.tasks, OVERALL]:
+        cells = []
+        for m in methods:
+            c = summary.cell(m, task)
+            if c is None:
+                cells.append("-")
+            else:
+                cells.append(_f(c.speedup, suffix="x") + ("" if c.mat is None else f" ({c.mat:.2f})"))
+        rows.append([task, *cells])
+    return _table(["task", *methods], rows)
+
+
 def ceiling_table(summary: Summary) -> list[str]:
     """Measured MAT of each registry method beside the retrieval ceiling, per task."""
     ours = [m for m in summary.methods if not summary.cells[(m, OVERALL)].peer and m != "ar"]
@@ -259,7 +294,8 @@ def ceiling_table(summary: Summary) -> list[str]:
 
 
 def drift_table(summary: Summary) -> list[str]:
-    """How far the second ``ar`` run of each input differed from the first, per task.
+    """How far the second ``ar`` run of each input differed from the first, per task (one pair per
+    input and session: a resumed session that measured an input's baselines again adds a pair).
 
     >>> s = Summary([], ["t"], {}, {}, {}, [], {"t": [1.02, 0.9, 1.1], OVERALL: [1.02, 0.9, 1.1]})
     >>> drift_table(s)[2]
@@ -273,7 +309,7 @@ def drift_table(summary: Summary) -> list[str]:
         median = ratios[len(ratios) // 2] if len(ratios) % 2 else (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
         spread = sum(abs(x - 1) for x in ratios) / len(ratios)
         rows.append([task, str(len(ratios)), _f(median), _f(ratios[0]), _f(ratios[-1]), _f(100 * spread, 1, "%")])
-    return _table(["task", "generations", "median ar-end / ar time", "min", "max", "mean absolute difference"], rows)
+    return _table(["task", "ar / ar-end pairs", "median ar-end / ar time", "min", "max", "mean absolute difference"], rows)
 
 
 def source_table(summary: Summary) -> list[str]:
@@ -351,6 +387,12 @@ def render_markdown(
             "this table compares all of them on the same ones.",
             "",
         ] + task_table(common, OVERALL) + [""]
+    side = common if common is not None else summary
+    lines += [
+        "## Every method by task: speedup over `ar` (MAT)"
+        + (" on the inputs every method ran" if common is not None else ""),
+        "",
+    ] + matrix_table(side) + [""]
     if summary.drift:
         lines += [
             "## Baseline drift",

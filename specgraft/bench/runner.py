@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import shlex
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -414,7 +415,10 @@ def _open_results(cfg: BenchConfig) -> tuple[Path, dict[tuple[str, int, str], Re
     if cfg.resume:
         _check_resume(out, cfg)
     out.mkdir(parents=True, exist_ok=True)
-    return results, {r.key: r for r in read_rows(results, repair=True)}
+    stored: dict[tuple[str, int, str], ResultRow] = {}
+    for r in read_rows(results, repair=True):
+        stored.setdefault(r.key, r)  # the first measurement of a baseline measured again later
+    return results, stored
 
 
 def _write_run_info(cfg: BenchConfig, suite: Suite, session: Session, notes: list[str]) -> dict[str, Any]:
@@ -444,19 +448,73 @@ def _progress(console: Console, enabled: bool):
     return Progress(*columns, console=console, disable=not enabled)
 
 
+def row_line(row: ResultRow, ar: ResultRow | None, done: int, todo: int, elapsed_s: float) -> str:
+    """One finished row as a log line, with the run's ETA (elapsed time per row so far x rows left).
+
+    A progress bar does not show in a log file (``nohup``, CI); these lines do, and in a terminal
+    they scroll above the bar.
+
+    >>> from types import SimpleNamespace as R
+    >>> row = R(task="qa", prompt_id="spec_bench-321", turn=0, method="pld", new_tokens=64, time_s=16.0, mat=2.0)
+    >>> row_line(row, R(time_s=24.0), done=2, todo=10, elapsed_s=90.0)
+    '[2/10] qa spec_bench-321 turn 1 pld: 64 tokens in 16.0 s (4.00 tok/s), MAT 2.00, 1.50x ar; eta 6:00'
+    """
+    rate = row.new_tokens / row.time_s if row.time_s > 0 else 0.0
+    line = f"[{done}/{todo}] {row.task} {row.prompt_id} turn {row.turn + 1} {row.method}: "
+    line += f"{row.new_tokens} tokens in {row.time_s:.1f} s ({rate:.2f} tok/s)"
+    if row.mat is not None and row.method not in ("ar", AR_END):
+        line += f", MAT {row.mat:.2f}"
+    if ar is not None and row.time_s > 0 and row.method not in ("ar", AR_END):
+        line += f", {ar.time_s / row.time_s:.2f}x ar"
+    eta = round(elapsed_s / done * (todo - done)) if done else 0
+    hours, minutes, seconds = eta // 3600, eta // 60 % 60, eta % 60
+    return line + (f"; eta {hours}:{minutes:02d}:{seconds:02d}" if hours else f"; eta {minutes}:{seconds:02d}")
+
+
+def to_measure(run_methods: Sequence[str], stored: dict[tuple[str, int, str], ResultRow], prompt_id: str, turn: int) -> list[str]:
+    """The methods this session measures on one input (prompt, turn), in run order.
+
+    Methods with a stored row are skipped, except the baselines: a method's speedup must come from
+    an ``ar`` (and ``ar-end``) measured in the same process, so when a resumed session adds
+    methods to an input whose baseline an earlier session measured, ``ar`` and ``ar-end`` run
+    again; likewise ``hf`` when a peer is added. The report pairs every row with the baselines of
+    its own session.
+
+    >>> from types import SimpleNamespace as R
+    >>> stored = {("p", 0, m): R() for m in ("ar", "pld", "ar-end")}
+    >>> to_measure(("ar", "pld", "ar-end"), stored, "p", 0)
+    []
+    >>> to_measure(("ar", "pld", "graft", "ar-end"), stored, "p", 0)
+    ['ar', 'graft', 'ar-end']
+    >>> to_measure(("ar", "graft", "ar-end"), stored, "q", 0)
+    ['ar', 'graft', 'ar-end']
+    >>> stored |= {("p", 0, m): R() for m in ("hf", "hf-pld")}
+    >>> to_measure(("ar", "pld", "hf", "hf-pld", "hf-assisted", "ar-end"), stored, "p", 0)
+    ['ar', 'hf', 'hf-assisted', 'ar-end']
+    """
+    missing = [m for m in run_methods if (prompt_id, turn, m) not in stored]
+    baselines = {"ar", AR_END}
+    if any(m in PEERS and m != "hf" for m in missing):
+        baselines.add("hf")
+    if all(m in baselines for m in missing):
+        return missing
+    return [m for m in run_methods if m in missing or m in baselines]
+
+
 def run_suite(
     suite: Suite, methods: dict[str, BenchMethod], session: Session, results: Path,
     stored: dict[tuple[str, int, str], ResultRow], console: Console,
 ) -> None:
     """For every prompt and turn, run ``ar`` then the other methods; append each row as it comes.
 
-    Rows in ``stored`` are not measured again; their tokens still serve as references and as the
-    ``ar`` answer a next turn is conditioned on.
+    Rows in ``stored`` are not measured again (but baselines, see :func:`to_measure`); their tokens
+    still serve as references and as the ``ar`` answer a next turn is conditioned on.
     """
     cfg, decoder = session.cfg, session.decoder
     tokenizer = decoder.tokenizer
     has_template = bool(getattr(tokenizer, "chat_template", None))
-    todo = sum(1 for p in suite.prompts for t in range(len(p.turns)) for m in cfg.run_methods if (p.id, t, m) not in stored)
+    todo = sum(len(to_measure(cfg.run_methods, stored, p.id, t)) for p in suite.prompts for t in range(len(p.turns)))
+    done, start = 0, time.perf_counter()
     with _progress(console, cfg.progress) as bar:
         job = bar.add_task("bench", total=todo)
         for prompt in suite.prompts:
@@ -464,25 +522,34 @@ def run_suite(
             answers: list[str] = []
             for turn in range(len(prompt.turns)):
                 gen = Generation(prompt, turn, conversation_ids(tokenizer, prompt.turns[: turn + 1], answers, chat), chat)
-                ar_tokens: list[int] | None = None
+                # the next turn is conditioned on the first ar answer, as in the session that measured it
+                first_ar = stored.get((prompt.id, turn, "ar"))
+                ar_row: ResultRow | None = None
                 hf_tokens: list[int] | None = None
+                measure = to_measure(cfg.run_methods, stored, prompt.id, turn)
                 for name in cfg.run_methods:
                     row = stored.get((prompt.id, turn, name))
-                    if row is None:
+                    if name in measure:
                         bar.update(job, description=f"{prompt.task} {prompt.id} turn {turn + 1} {name}")
                         run = methods[name].run(gen.ids)
-                        reference = run.tokens if name == "ar" else ar_tokens
+                        reference = run.tokens if name == "ar" else ar_row.tokens if ar_row else None
                         assert reference is not None, "ar runs first"
                         row = make_row(gen, name, methods[name], run, reference, run.tokens if name == "hf" else hf_tokens, session)
                         append_row(results, row)
-                        stored[row.key] = row
+                        stored.setdefault(row.key, row)
                         bar.advance(job)
+                        done += 1
+                        if cfg.progress:
+                            bar.console.print(
+                                row_line(row, ar_row, done, todo, time.perf_counter() - start), markup=False, highlight=False, soft_wrap=True
+                            )
+                    assert row is not None
                     if name == "ar":
-                        ar_tokens = row.tokens
+                        ar_row = row
                     elif name == "hf":
                         hf_tokens = row.tokens
-                assert ar_tokens is not None
-                answers.append(decoder.decode(ar_tokens))
+                assert ar_row is not None
+                answers.append(decoder.decode((first_ar or ar_row).tokens))
 
 
 def run_benchmark(cfg: BenchConfig, console: Console | None = None) -> Path:
