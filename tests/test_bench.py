@@ -463,7 +463,7 @@ def test_one_draft_model_for_every_method(target_dir, draft_dir, tmp_path):
     assert kernels == {type(m) for m in models.decoder.model.modules()} & {OneDNNLinear, torch.nn.Linear}
 
 
-@pytest.mark.parametrize("module", ["compare", "datasets", "environment", "repetition", "runner"])
+@pytest.mark.parametrize("module", ["compare", "datasets", "environment", "repetition", "report", "runner"])
 def test_docstring_examples(module):
     import doctest
     import importlib
