@@ -522,8 +522,6 @@ def run_suite(
             answers: list[str] = []
             for turn in range(len(prompt.turns)):
                 gen = Generation(prompt, turn, conversation_ids(tokenizer, prompt.turns[: turn + 1], answers, chat), chat)
-                # the next turn is conditioned on the first ar answer, as in the session that measured it
-                first_ar = stored.get((prompt.id, turn, "ar"))
                 ar_row: ResultRow | None = None
                 hf_tokens: list[int] | None = None
                 measure = to_measure(cfg.run_methods, stored, prompt.id, turn)
@@ -548,8 +546,9 @@ def run_suite(
                         ar_row = row
                     elif name == "hf":
                         hf_tokens = row.tokens
-                assert ar_row is not None
-                answers.append(decoder.decode((first_ar or ar_row).tokens))
+                # stored keeps the first ar row: the next turn is conditioned on the answer that the
+                # session which first measured this input saw
+                answers.append(decoder.decode(stored[(prompt.id, turn, "ar")].tokens))
 
 
 def run_benchmark(cfg: BenchConfig, console: Console | None = None) -> Path:
