@@ -347,6 +347,12 @@ def test_bracketed_run_uses_the_mean_of_both_ar_runs(target_dir, tmp_path):
     assert isinstance(missing.exception, ValueError) and "no results.jsonl" in str(missing.exception)
 
 
+def test_session_ids_are_unique_within_a_second():
+    from specgraft.bench.runner import _session_id
+
+    assert _session_id() != _session_id()
+
+
 def test_resume_skips_finished_rows(target_dir, tmp_path):
     out = tmp_path / "run"
     run_benchmark(config(target_dir, out, suite="humaneval:1,mt-bench:1", methods="ar,pld"))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import json
 import os
 import shlex
@@ -349,8 +350,13 @@ class Generation:
     """Whether the chat template was applied."""
 
 
+_SESSIONS = itertools.count(1)
+
+
 def _session_id() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
+    """UTC start time, process id and a count of the runs this process started: unique even when
+    one process starts two runs within a second (rows pair with the baselines of their session)."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}.{next(_SESSIONS)}"
 
 
 # Config fields added after runs were first recorded: their value in a run.json that predates them.
