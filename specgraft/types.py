@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Sequence
 
 import torch
@@ -40,6 +41,14 @@ class Draft:
     kept first. ``draft_probs`` (optional) is the distribution each node was *sampled* from
     (the draft model's distribution at its parent); only drafters that really sample their
     candidates set it, and it enables multi-candidate rejection sampling.
+
+    ``anchor`` hangs the draft below the root: its children of the root become children of
+    the node reached from the root by that token path (Graft's TAIL, READER's deepening). A
+    merge drops an anchored draft whose anchor path is not in the tree.
+
+    Invariants (``ValueError`` when broken, also under ``python -O``): a parent comes before
+    its children, siblings carry distinct tokens, token ids are >= 0, and the optional
+    per-node lists have one entry per node.
     """
 
     source: str
@@ -53,17 +62,17 @@ class Draft:
     draft_probs: torch.Tensor | None = None
     # [N] or None: True = probe node (fed for its logits only, see the module docstring)
     probe: list[bool] | None = None
+    # the token path from the root to the node this draft hangs from; () = the root itself
+    anchor: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if len(self.tokens) != len(self.parents):
-            raise ValueError(f"tokens ({len(self.tokens)}) and parents ({len(self.parents)}) differ in length")
-        for i, p in enumerate(self.parents):
-            assert -1 <= p < i, f"node {i} has parent {p}; parents must come before children"
-        if self.scores is not None:
-            assert len(self.scores) == len(self.tokens), "one score per node"
-        if self.draft_probs is not None:
-            assert self.draft_probs.shape[0] == len(self.tokens), "one draft_probs row per node"
-        check_probe(self.parents, self.probe)
+        check_nodes(self.tokens, self.parents, self.probe)
+        if self.scores is not None and len(self.scores) != len(self.tokens):
+            raise ValueError(f"{len(self.scores)} scores for {len(self.tokens)} nodes")
+        if self.draft_probs is not None and self.draft_probs.shape[0] != len(self.tokens):
+            raise ValueError(f"{self.draft_probs.shape[0]} draft_probs rows for {len(self.tokens)} nodes")
+        if any(not isinstance(t, Integral) or t < 0 for t in self.anchor):
+            raise ValueError(f"anchor must be a path of token ids >= 0, got {self.anchor}")
 
     def is_probe(self, i: int) -> bool:
         return self.probe is not None and self.probe[i]
@@ -81,7 +90,8 @@ class DraftTree:
     """The merged tree that the target verifies in one forward pass.
 
     Nodes are in topological order (a parent before its children); siblings carry distinct
-    tokens (merging deduplicates shared prefixes). ``sources[i]`` names the drafter that
+    tokens (merging deduplicates shared prefixes); both are checked on construction
+    (``ValueError``), like the token ids (>= 0 here, < vocab in :meth:`check_vocab`). ``sources[i]`` names the drafter that
     proposed node ``i`` (the first one, when several proposed the same prefix).
     """
 
@@ -99,12 +109,20 @@ class DraftTree:
     probe: list[bool] | None = None
 
     def __post_init__(self) -> None:
-        n = len(self.tokens)
-        if len(self.parents) != n or len(self.sources) != n:
-            raise ValueError("tokens, parents and sources must have one entry per node")
-        for i, p in enumerate(self.parents):
-            assert -1 <= p < i, f"node {i} has parent {p}; parents must come before children"
-        check_probe(self.parents, self.probe)
+        if len(self.sources) != len(self.tokens):
+            raise ValueError(f"{len(self.sources)} sources for {len(self.tokens)} nodes")
+        check_nodes(self.tokens, self.parents, self.probe)
+        if self.scores is not None and len(self.scores) != len(self.tokens):
+            raise ValueError(f"{len(self.scores)} scores for {len(self.tokens)} nodes")
+        if self.draft_probs is not None and self.draft_probs.shape[0] != len(self.tokens):
+            raise ValueError(f"{self.draft_probs.shape[0]} draft_probs rows for {len(self.tokens)} nodes")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """``ValueError`` unless every token id lies in ``[0, vocab_size)`` (ids >= 0 are checked
+        on construction; the vocabulary is known only where logits are)."""
+        if self.tokens and max(self.tokens) >= vocab_size:
+            bad = next(t for t in self.tokens if t >= vocab_size)
+            raise ValueError(f"tree token id {bad} is outside the vocabulary [0, {vocab_size})")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -266,13 +284,30 @@ class GenerationStats:
         }
 
 
-def check_probe(parents: Sequence[int], probe: Sequence[bool] | None) -> None:
-    """A probe flag per node, and no candidate under a probe (a probe's row is never committed)."""
-    if probe is None:
-        return
-    assert len(probe) == len(parents), f"{len(probe)} probe flags for {len(parents)} nodes"
-    for i, p in enumerate(parents):
-        assert not (p >= 0 and probe[p] and not probe[i]), f"candidate node {i} hangs under probe node {p}"
+def check_nodes(tokens: Sequence[int], parents: Sequence[int], probe: Sequence[bool] | None) -> None:
+    """``ValueError`` unless the nodes form a tree in topological order with distinct siblings,
+    token ids >= 0, and (with ``probe``) a flag per node and no candidate under a probe (a
+    probe's row is never committed).
+
+    >>> check_nodes([5, 5], [-1, -1], None)
+    Traceback (most recent call last):
+    ValueError: node 1 repeats token 5 of a sibling under parent -1; siblings must carry distinct tokens
+    """
+    if len(tokens) != len(parents):
+        raise ValueError(f"tokens ({len(tokens)}) and parents ({len(parents)}) differ in length")
+    if probe is not None and len(probe) != len(parents):
+        raise ValueError(f"{len(probe)} probe flags for {len(parents)} nodes")
+    seen: set[tuple[int, int]] = set()
+    for i, (t, p) in enumerate(zip(tokens, parents)):
+        if not -1 <= p < i:
+            raise ValueError(f"node {i} has parent {p}; parents must come before children")
+        if not isinstance(t, Integral) or t < 0:
+            raise ValueError(f"node {i} has token {t!r}; token ids are integers >= 0")
+        if (p, t) in seen:
+            raise ValueError(f"node {i} repeats token {t} of a sibling under parent {p}; siblings must carry distinct tokens")
+        seen.add((p, t))
+        if probe is not None and p >= 0 and probe[p] and not probe[i]:
+            raise ValueError(f"candidate node {i} hangs under probe node {p}")
 
 
 def group_by_parent(parents: Sequence[int]) -> dict[int, list[int]]:

@@ -29,7 +29,6 @@ from specgraft.composers.graft import (
     StagePlanner,
     envelope_part,
     plan_budget,
-    sample_and_match_where_retrieved,
 )
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.draft_model import PRESETS, DraftModelDrafter, DraftTreeConfig, ModelDraft
@@ -104,7 +103,8 @@ def test_envelope_part_equals_filling_the_stage_template():
     """Filling the envelope once and taking the stage's part == filling the stage template."""
     rng = np.random.default_rng(0)
     matrix = SuccessorMatrix(50, k=8)
-    matrix.table[:] = rng.integers(0, 50, size=(50, 8))
+    # distinct successors per row, as a top-k gives
+    matrix.table[:] = np.stack([rng.permutation(50)[:8] for _ in range(50)])
     matrix.table[rng.choice(50, 10, replace=False)] = -1  # unknown rows drop their sub-trees
     planner = StagePlanner(GraftConfig())
     retrieval = GraftRetrieval(50, planner, matrix)
@@ -246,14 +246,20 @@ def test_parents_of_retrieved_nodes_fall_back_to_sample_and_match():
     sampled = ModelDraft(source="draft", tokens=[0, 1, 2], parents=[-1, -1, 0], draft_probs=torch.stack([q, q, q]))
     # a retrieved root child that repeats a sampled one, and a new child under node 1
     retrieved = Draft(source="retrieval", tokens=[1, 3], parents=[-1, 0])
-    tree = sample_and_match_where_retrieved(merge_drafts([sampled, retrieved], 8), retrieved)
+    tree = merge_drafts([sampled, retrieved], 8)
     assert tree.tokens == [0, 1, 2, 3] and tree.parents == [-1, -1, 0, 1]
     nan = [bool(torch.isnan(r).all()) for r in tree.draft_probs]
     assert nan == [True, True, False, True], "root children and node 1's child: sample-and-match; node 0's child keeps q"
-    # TAIL: the path that leads to the retrieved nodes changes nothing above them
-    tail = Draft(source="retrieval", tokens=[0, 2, 3], parents=[-1, 0, 1])
-    tree = sample_and_match_where_retrieved(merge_drafts([sampled, tail], 8), tail, first=2)
+    # TAIL: a draft anchored at the path 0 -> 2 changes nothing above the node it hangs from
+    tail = Draft(source="retrieval", tokens=[3], parents=[-1], anchor=(0, 2))
+    tree = merge_drafts([sampled, tail], 8)
+    assert tree.tokens == [0, 1, 2, 3] and tree.parents == [-1, -1, 0, 2]
     assert [bool(torch.isnan(r).all()) for r in tree.draft_probs] == [False, False, False, True]
+    # an offer that is never admitted still decides the rule (here: no budget left for it)
+    tree = merge_drafts([sampled], 3, offers=[Draft(source="retrieval", tokens=[3], parents=[-1], anchor=(0,))])
+    assert [bool(torch.isnan(r).all()) for r in tree.draft_probs] == [False, False, True]
+    # an anchor path the tree does not hold: the draft is dropped
+    assert merge_drafts([sampled, Draft("retrieval", [3], [-1], anchor=(3, 3))], 8).tokens == [0, 1, 2]
 
 
 # The statistical sampling tests of every variant (and their negative control) are in

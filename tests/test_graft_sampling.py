@@ -22,6 +22,7 @@ from specgraft.composers.graft import VARIANTS, GraftComposer, GraftConfig, Graf
 from specgraft.config import SamplingConfig
 from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig
 from specgraft.drafters.recycling import SuccessorMatrix
+from specgraft.types import DraftTree
 
 from tests.test_draft_tree import TableLM, random_table, sample_sequences, total_variation
 from tests.test_sampling_stats import PROMPT, SyntheticTarget, tv_bound
@@ -92,11 +93,25 @@ def test_sampled_trees_match_the_target_law(variant, sample_drafts):
 
 
 def test_rejection_where_retrieval_merged_into_samples_is_caught(monkeypatch):
-    """Negative control: leaving rejection sampling on at parents where a retrieved node was
-    merged into a sampled one (so the rule depends on the sampled values) is biased, and the
-    same bound catches it. With one successor per token, retrieval proposes one child per node,
-    so whether it lands on a sampled child (and leaves rejection sampling on) is frequent."""
-    monkeypatch.setattr(graft_module, "sample_and_match_where_retrieved", lambda tree, retrieved, first=0: tree)
+    """Negative control: deciding the rule by what the merge *admitted* (rejection sampling stays
+    on at a parent whose retrieved child was merged into a sampled one, so the rule depends on
+    the sampled values) is biased, and the same bound catches it. With one successor per token,
+    retrieval proposes one child per node, so such collisions are frequent."""
+    real_merge = graft_module.merge_drafts
+
+    def merge_by_admissions(drafts, budget, offers=()):
+        tree = real_merge(drafts, budget)
+        if tree.draft_probs is None:
+            return tree
+        sampled = drafts[0]  # the kept draft is merged first: tree node i < len(sampled) is its node i
+        rows = tree.draft_probs.clone()
+        retrieved_under = {p for p, s in zip(tree.parents, tree.sources) if s == "retrieval"}
+        for i in range(min(len(sampled), len(tree))):
+            if tree.parents[i] not in retrieved_under and sampled.draft_probs is not None:
+                rows[i] = sampled.draft_probs[i]
+        return DraftTree(tree.tokens, tree.parents, tree.sources, draft_probs=rows, scores=tree.scores)
+
+    monkeypatch.setattr(graft_module, "merge_drafts", merge_by_admissions)
     tv, bound, *_ = variant_sampling("graft", k=1)
     assert tv > bound, f"a biased rule passed (TV {tv:.4f} <= bound {bound:.4f}); the test has no teeth"
 

@@ -51,7 +51,7 @@ def test_probe_nodes_are_never_accepted():
 
 
 def test_candidate_under_probe_is_rejected():
-    with pytest.raises(AssertionError, match="hangs under probe"):
+    with pytest.raises(ValueError, match="hangs under probe"):
         DraftTree(tokens=[5, 6], parents=[-1, 0], sources=["x"] * 2, probe=[True, False])
 
 

@@ -17,7 +17,7 @@ class MergeComposer:
     """Merge drafts in the order given, deduplicating shared prefixes (``tree/build.py``)."""
 
     def build(self, drafts: Sequence[Draft], budget: int) -> DraftTree:
-        if len(drafts) == 1 and len(drafts[0]) <= budget and drafts[0].scores is None:
+        if len(drafts) == 1 and len(drafts[0]) <= budget and drafts[0].scores is None and not drafts[0].anchor:
             d = drafts[0]
             # one drafter's tree within budget: nothing to merge (drafters never repeat a sibling)
             return DraftTree(

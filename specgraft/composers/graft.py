@@ -175,6 +175,9 @@ class BudgetPlan:
     # template first (scores >= 1), then the rest of the envelope, each by prior acceptance
     # (higher first); NaN = never offered (a refill node below ``refill_min_prior``)
     stage_scores: tuple[np.ndarray, ...]
+    # [envelope nodes] the envelope nodes some stage offers (any score of that stage, NaN = none):
+    # what decides the verification rule where the stage is chosen by sampled values
+    offered_scores: np.ndarray
 
 
 def plan_budget(config: GraftConfig, budget: int) -> BudgetPlan:
@@ -207,7 +210,7 @@ def plan_budget(config: GraftConfig, budget: int) -> BudgetPlan:
         scores.append(score)
     return BudgetPlan(
         budget=budget, k_draft=k_draft, k_ret=k_ret, stage_templates=stages, envelope=envelope,
-        stage_nodes=tuple(where[1:]), stage_scores=tuple(scores),
+        stage_nodes=tuple(where[1:]), stage_scores=tuple(scores), offered_scores=np.fmax.reduce(scores),
     )
 
 
@@ -301,50 +304,6 @@ def retrieval_part(envelope: EnvelopeDraft, scores: np.ndarray) -> Draft:
     )
 
 
-def sample_and_match_where_retrieved(tree: DraftTree, retrieved: Draft, first: int = 0) -> DraftTree:
-    """NaN the ``draft_probs`` rows of every child of a node under which ``retrieved`` proposes a
-    child (its nodes from ``first`` on; earlier ones only lead the way, e.g. TAIL's draft path).
-
-    Rejection sampling at a node is exact when the rule used there does not depend on the
-    values of its sampled children. The merge gives a retrieved node a NaN row when it is new,
-    which turns its parent to sample-and-match; but a retrieved node that repeats a sampled
-    child is merged into it, leaving the parent on rejection sampling. Whether that happens
-    depends on the sampled children's values, which biases the result (the statistical test in
-    ``tests/test_graft.py`` sees it). Deciding by where retrieval *proposes* children, which
-    does not depend on the sampled children, keeps the choice exact.
-
-    Example: sampled children ``[5, 6]`` of the root and a retrieved root child ``5``: merged,
-    the root has children ``5, 6``, both with their ``q`` rows; here both rows become NaN.
-
-    With retrieval at the root, ``retrieved`` is everything the stage offers
-    (:func:`retrieval_part`), admitted or not: which retrieved nodes the budget admits depends on
-    how many merged into sampled nodes, so only the offer is independent of the sampled values.
-    The price is that every parent under which the envelope offers a child (the root, always)
-    uses sample-and-match, even when none of its retrieved children is admitted.
-    """
-    if tree.draft_probs is None or not len(retrieved):
-        return tree
-    proposed_under: set[tuple[int, ...]] = set()
-    path: list[tuple[int, ...]] = []
-    for i, (tok, p) in enumerate(zip(retrieved.tokens, retrieved.parents, strict=True)):
-        parent_path = path[p] if p >= 0 else ()
-        if i >= first:
-            proposed_under.add(parent_path)
-        path.append(parent_path + (tok,))
-    rows: list[int] = []
-    tree_path: list[tuple[int, ...]] = []
-    for i, (tok, p) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
-        parent_path = tree_path[p] if p >= 0 else ()
-        tree_path.append(parent_path + (tok,))
-        if parent_path in proposed_under:
-            rows.append(i)
-    if not rows:
-        return tree
-    draft_probs = tree.draft_probs.clone()
-    draft_probs[rows] = float("nan")
-    return DraftTree(tokens=tree.tokens, parents=tree.parents, sources=tree.sources, draft_probs=draft_probs, scores=tree.scores)
-
-
 def best_path(draft: Draft) -> list[int]:
     """Nodes from the root to a leaf, taking the best-scoring child each time (the first child without scores)."""
     children: list[list[int]] = [[] for _ in range(len(draft) + 1)]
@@ -391,38 +350,66 @@ class GraftComposer:
 
     def compose(self, draft: ModelDraft, envelope: EnvelopeDraft | None, budget: int, stage: int | None) -> DraftTree:
         """The tree for ``stage`` (None: the dense tree): kept draft nodes first, then retrieved ones
-        up to ``budget`` nodes (retrieval at the root refills slots freed by merged nodes)."""
-        if stage is None:
-            return merge_drafts([trim(draft, budget)], budget)
+        up to ``budget`` nodes (retrieval at the root refills slots freed by merged nodes).
+
+        Sampled drafts (``--sample-drafts``) stay exact under the gates (see :meth:`draft_nodes`
+        for the cut and :func:`~specgraft.tree.build.merge_drafts` for the rule): with
+        retrieval at the root, what decides sample-and-match is every envelope node *some*
+        stage offers, at every stage including the unpruned one, because the stage is chosen
+        from sampled confidences; the stage only decides which of them are admitted. The price:
+        in ``graft`` with sampled drafts, every node under which the envelope offers a child
+        (the root, always) uses sample-and-match, even in a step that admits no retrieved node.
+        """
         plan = self.planner.plan(budget)
-        kept = trim(draft, plan.k_draft[stage])
-        retrieved, first_retrieved = None, 0
+        offers: list[Draft] = []
         if self.config.retrieval == "root":
             assert envelope is not None, f"{self.config.variant} needs the retrieval envelope (GraftRetrieval)"
             assert envelope.budget == budget, f"envelope filled for budget {envelope.budget}, composed at {budget}"
+            if self.config.gated:
+                offers = [retrieval_part(envelope, plan.offered_scores)]
+        if stage is None:
+            return merge_drafts([trim(draft, budget)], budget, offers=offers)
+        kept = trim(draft, self.draft_nodes(draft, plan, stage))
+        if self.config.retrieval == "root":
             retrieved = retrieval_part(envelope, plan.stage_scores[stage])
-        elif self.config.retrieval == "tail" and plan.k_ret[stage] > 0:
-            retrieved, first_retrieved = self.tail_part(kept, plan.stage_templates[stage])
-        if retrieved is None:
-            return merge_drafts([kept], budget)
-        tree = merge_drafts([kept, retrieved], budget)
-        return sample_and_match_where_retrieved(tree, retrieved, first_retrieved)
+            return merge_drafts([kept, retrieved], budget, offers=offers)
+        if self.config.retrieval == "tail" and plan.k_ret[stage] > 0:
+            tail = self.tail_part(kept, plan.stage_templates[stage])
+            return merge_drafts([kept, tail] if tail is not None else [kept], budget)
+        return merge_drafts([kept], budget)
 
-    def tail_part(self, kept: Draft, template: RankTemplate) -> tuple[Draft, int]:
-        """The best draft path, then ``template`` filled from its last token and hung under it;
-        and the index of the first retrieved node (the path's nodes repeat draft nodes)."""
+    def draft_nodes(self, draft: ModelDraft, plan: BudgetPlan, stage: int) -> int:
+        """Draft nodes kept at ``stage``: ``K_draft(s)``; for a sampled draft whose stage came
+        from the gates, at least every node of layers ``1 .. d_s`` (``d_s`` the stage's
+        checkpoint depth), at most the budget.
+
+        Why: the gate at checkpoint ``d`` reads ``c_d``, the best path score through layer
+        ``d``, so the stage depends on the sampled values of layers ``1 .. d``. A cut whose
+        length depends on the stage must therefore not fall inside those layers, or a node
+        would keep more or fewer children depending on its children's own values (rejection
+        sampling needs them to be a value-independent prefix of i.i.d. draws). With the cut
+        at ``max(K_draft(s), |layers 1..d_s|)`` capped at the budget, every layer ``t`` keeps the
+        same prefix at every stage that reads it (``d_s >= t``) and in the dense tree; stages
+        with ``d_s < t`` are decided from layers before ``t``. Greedy (deterministic) drafts
+        are verified by sample-and-match or greedy matching, exact for any cut, and keep
+        ``K_draft(s)``.
+
+        Example, ``cpu`` preset (checkpoints 0/1/2, ``K_draft`` 1/3/5 at budget 8), layers of
+        2, 4, 4 sampled nodes: stage 2 keeps ``max(5, 2 + 4) = 6`` nodes, stage 1 keeps 3, stage 0 keeps 1.
+        """
+        n = plan.k_draft[stage]
+        if self.config.gated and draft.scores is None:
+            n = max(n, sum(draft.layer_sizes[: draft.checkpoints[stage]]))
+        return min(n, plan.budget)
+
+    def tail_part(self, kept: Draft, template: RankTemplate) -> Draft | None:
+        """``template`` filled from the last token of the best draft path, anchored under that
+        path (None when the draft is empty)."""
         path = best_path(kept)
         if not path:
-            return Draft(source=GraftRetrieval.name, tokens=[], parents=[]), 0
-        tail_token = kept.tokens[path[-1]]
-        toks, pars = self.matrix.fill_template(tail_token, template)
-        n = len(path)
-        draft = Draft(
-            source=GraftRetrieval.name,
-            tokens=[kept.tokens[i] for i in path] + toks,
-            parents=list(range(-1, n - 1)) + [p + n if p >= 0 else n - 1 for p in pars],
-        )
-        return draft, n
+            return None
+        toks, pars = self.matrix.fill_template(kept.tokens[path[-1]], template)
+        return Draft(source=GraftRetrieval.name, tokens=toks, parents=pars, anchor=tuple(kept.tokens[i] for i in path))
 
 
 __all__ = [

@@ -38,8 +38,13 @@ mode nothing cuts or reorders children by their own scores: the budget keeps the
 ``budget`` nodes in creation order (layer by layer, parents in score order), and ``scores`` are
 left out of the draft (the merge would otherwise admit siblings by score and reorder them).
 Which nodes get *expanded* may depend on their own scores: that only shapes their children
-lists, which are then drawn fresh. In the default deterministic mode no ``draft_probs`` are
-set (sampling then verifies by sample-and-match, exact for any candidates).
+lists, which are then drawn fresh. The gates are the one place where sampled values decide
+a cut: ``c_d`` reads the values of layers ``1 .. d``, so Graft never lets a stage-dependent
+cut fall inside those layers (``GraftComposer.draft_nodes``), and decides which rule a node
+uses from what every stage would offer there (``tree/build.merge_drafts``).
+``tests/test_sampling_exact.py`` proves this by enumerating every draw on a 4-token
+vocabulary. In the default deterministic mode no ``draft_probs`` are set (sampling then
+verifies by sample-and-match, exact for any candidates).
 
 **Presets.** ``PRESETS["gpu"]`` is the paper's setting (depth 8, top-k 10, 60 nodes,
 checkpoints after the root, depth 1 and depth 5). ``PRESETS["cpu"]`` (depth 4, top-k 2, 8
@@ -152,6 +157,8 @@ class ModelDraft(Draft):
     """``c_d`` of each checkpoint evaluated, in checkpoint order."""
     layer_sizes: list[int] = field(default_factory=list)
     """Nodes per depth before trimming to the budget (nodes are stored layer after layer)."""
+    checkpoints: tuple[int, ...] = ()
+    """The drafter's checkpoint depths (``stage`` indexes them)."""
 
     def subset(self, keep: Sequence[int]) -> "ModelDraft":
         """The nodes ``keep`` (ascending, closed under parents), reindexed."""
@@ -165,6 +172,7 @@ class ModelDraft(Draft):
             stage=self.stage,
             confidences=list(self.confidences),
             layer_sizes=list(self.layer_sizes),
+            checkpoints=self.checkpoints,
         )
 
 
@@ -458,6 +466,7 @@ class DraftModelDrafter:
             stage=stage,
             confidences=confidences,
             layer_sizes=layer_sizes,
+            checkpoints=cfg.checkpoints,
         )
 
     def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:

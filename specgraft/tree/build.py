@@ -22,24 +22,61 @@ import torch
 from specgraft.types import Draft, DraftTree
 
 
-def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
+def merge_drafts(drafts: Sequence[Draft], budget: int, offers: Sequence[Draft] = ()) -> DraftTree:
     """Merge ``drafts`` (highest priority first) into a tree of at most ``budget`` nodes.
 
     Within one draft, nodes are admitted best-first by ``scores`` (higher first) when the draft
     has them, otherwise in node order, and a node is only admitted after its parent, so the
     result is always a closed tree. A node whose (parent, token) already exists in the tree is
     mapped onto it and costs nothing. ``sources`` keeps the drafter that first proposed a node.
+    A draft with an ``anchor`` hangs under the node that token path reaches; it is dropped when
+    the tree does not hold that path.
 
-    ``draft_probs`` rows are carried over per node where the admitting draft has them; rows of
-    nodes from drafts without them are NaN, which tells the sampling verifier to fall back to
-    sample-and-match at that parent (see ``verify/sampling.py``).
+    **Which rule verifies the children of a node** (sampling). A node's children are verified
+    by recursive rejection sampling only when every candidate *offered* under that node, by
+    any draft, admitted or not, comes from one draft with ``draft_probs``; their rows are
+    then carried over. Everywhere else the children get NaN rows, which tells the sampling
+    verifier to use sample-and-match there (``verify/sampling.py``). ``offers`` are drafts
+    that only count as offers and are never admitted (Graft offers its whole retrieval
+    envelope, of which a step admits a stage-dependent part).
 
-    Probe nodes (``Draft.probe``) merge like any other node and cost budget like any other row;
-    a candidate that lands on an existing probe turns it into a candidate (same row, same
-    logits), and a probe that lands on a candidate stays a candidate.
+    Why offers and not admissions: rejection sampling is exact at a node only if its rule
+    does not depend on the sampled values of its children. Which nodes a merge admits does:
+    a deterministic candidate that equals a sampled child is mapped onto it, so "does this
+    parent have a child without ``draft_probs``" would depend on whether the sampled values
+    collided with it (a PLD token 0 beside two draws from ``q = [.5, .3, .15, .05]`` biases
+    the root's law to TV 0.074 that way). What the drafts *offer* under a path is decided
+    before any value is drawn there (a deterministic drafter does not read the sampled
+    children; a sampled one draws all its children from one ``q``), so the rule is fixed
+    before the children are.
+
+    Example: the sampled root children ``[5, 6]`` (``q`` rows) merged before a lookup chain
+    ``[5, 9]``: the lookup offers ``5`` under the root, so both root children lose their rows
+    and the root uses sample-and-match; ``9`` under ``5`` is offered by the lookup alone.
+
+    Probe nodes (``Draft.probe``) merge like any other node and cost budget like any other row,
+    but offer nothing (they are never accepted); a candidate that lands on an existing probe
+    turns it into a candidate (same row, same logits), and a probe that lands on a candidate
+    stays a candidate.
     """
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
+    paths = _PathIds()
+    # parent path id -> identities of the drafts offering candidates under it: the draft's
+    # index when it carries draft_probs, DETERMINISTIC otherwise
+    offered_under: dict[int, set[int]] = {}
+    # per draft: the path id of every node
+    node_paths: list[list[int]] = []
+    for d, draft in enumerate([*drafts, *offers]):
+        anchor = paths.walk(draft.anchor)
+        ids: list[int] = []
+        for j, (tok, p) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
+            parent = anchor if p < 0 else ids[p]
+            ids.append(paths.child(parent, tok))
+            if not draft.is_probe(j):
+                offered_under.setdefault(parent, set()).add(d if draft.draft_probs is not None else _DETERMINISTIC)
+        node_paths.append(ids)
+
     tokens: list[int] = []
     parents: list[int] = []
     sources: list[str] = []
@@ -50,7 +87,10 @@ def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
     any_scores = any(d.scores is not None for d in drafts)
     any_probs = any(d.draft_probs is not None for d in drafts)
 
-    for draft in drafts:
+    for d, draft in enumerate(drafts):
+        anchor_node = _find(index, draft.anchor)
+        if anchor_node is None:
+            continue
         children: list[list[int]] = [[] for _ in range(len(draft) + 1)]
         for j, p in enumerate(draft.parents):
             children[p + 1].append(j)
@@ -64,7 +104,7 @@ def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
         while heap:
             _, j = heapq.heappop(heap)
             p = draft.parents[j]
-            tree_parent = -1 if p < 0 else mapped[p]
+            tree_parent = anchor_node if p < 0 else mapped[p]
             k = (tree_parent, draft.tokens[j])
             if k in index:
                 mapped[j] = index[k]
@@ -77,7 +117,9 @@ def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
                 parents.append(tree_parent)
                 sources.append(draft.source)
                 scores.append(draft.scores[j] if draft.scores is not None else float("nan"))
-                prob_rows.append(draft.draft_probs[j] if draft.draft_probs is not None else None)
+                parent_path = node_paths[d][p] if p >= 0 else paths.walk(draft.anchor)
+                rejection_here = offered_under.get(parent_path) == {d}
+                prob_rows.append(draft.draft_probs[j] if draft.draft_probs is not None and rejection_here else None)
                 probe.append(draft.is_probe(j))
             else:
                 continue
@@ -86,9 +128,8 @@ def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
 
     draft_probs = None
     if any_probs and tokens:
-        vocab = next(d.draft_probs.shape[-1] for d in drafts if d.draft_probs is not None)
         like = next(d.draft_probs for d in drafts if d.draft_probs is not None)
-        nan_row = torch.full((vocab,), float("nan"), dtype=like.dtype, device=like.device)
+        nan_row = torch.full((like.shape[-1],), float("nan"), dtype=like.dtype, device=like.device)
         # [N, V]
         draft_probs = torch.stack([r if r is not None else nan_row for r in prob_rows])
     return DraftTree(
@@ -99,6 +140,35 @@ def merge_drafts(drafts: Sequence[Draft], budget: int) -> DraftTree:
         scores=scores if any_scores else None,
         probe=probe if any(probe) else None,
     )
+
+
+_DETERMINISTIC = -1
+
+
+class _PathIds:
+    """Ids of token paths from the root (the root is ``0``), shared by every draft of one merge."""
+
+    def __init__(self) -> None:
+        self._ids: dict[tuple[int, int], int] = {}
+
+    def child(self, parent: int, token: int) -> int:
+        return self._ids.setdefault((parent, int(token)), len(self._ids) + 1)
+
+    def walk(self, path: Sequence[int]) -> int:
+        node = 0
+        for tok in path:
+            node = self.child(node, tok)
+        return node
+
+
+def _find(index: dict[tuple[int, int], int], path: Sequence[int]) -> int | None:
+    """The tree node that ``path`` reaches from the root (-1 = the root), None if it is not there."""
+    node = -1
+    for tok in path:
+        node = index.get((node, int(tok)))
+        if node is None:
+            return None
+    return node
 
 
 def truncate_depth(tree: DraftTree, max_depth: int) -> DraftTree:

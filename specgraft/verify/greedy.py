@@ -20,10 +20,15 @@ from specgraft.types import DraftTree, VerifyResult
 
 def child_index(tree: DraftTree) -> dict[tuple[int, int], int]:
     """``{(parent, token): node}`` over the candidate nodes (probes are never accepted); siblings
-    carry distinct tokens, so each key is unique."""
-    index = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens, strict=True)) if not tree.is_probe(i)}
-    assert len(index) == tree.num_candidates, "siblings must carry distinct tokens (merge_drafts deduplicates)"
-    return index
+    carry distinct tokens (``DraftTree`` checks it), so each key is unique."""
+    return {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens, strict=True)) if not tree.is_probe(i)}
+
+
+def check_rows(tree: DraftTree, logits: torch.Tensor) -> None:
+    """``ValueError`` unless ``logits`` has a row per verify-pass row and every tree token is in its vocabulary."""
+    if logits.dim() != 2 or logits.shape[0] != len(tree) + 1:
+        raise ValueError(f"expected [{len(tree) + 1}, vocab] logits for a tree of {len(tree)} nodes, got {tuple(logits.shape)}")
+    tree.check_vocab(logits.shape[-1])
 
 
 def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
@@ -33,7 +38,7 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor) -> VerifyResult:
     token id (``torch.argmax`` returns the first maximum), as in plain greedy decoding. Probe
     nodes are never accepted.
     """
-    assert logits.shape[0] == len(tree) + 1, f"expected {len(tree) + 1} logit rows, got {logits.shape[0]}"
+    check_rows(tree, logits)
     # [N + 1]
     best = logits.argmax(dim=-1).tolist()
     index = child_index(tree)

@@ -126,7 +126,8 @@ def reference_rejection(
             token = sample_token(probs, generator)
             child = _match_child(tree, node, token)
         else:
-            p = probs.tolist()
+            total = sum(probs.tolist())
+            p = [x / total for x in probs.tolist()]
             q_left = list(draft)
             child = None
             for kid in kids:

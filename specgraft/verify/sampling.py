@@ -23,14 +23,17 @@ import torch
 
 from specgraft.config import SamplingConfig
 from specgraft.types import DraftTree, VerifyResult
-from specgraft.verify.greedy import child_index, verify_greedy
+from specgraft.verify.greedy import check_rows, child_index, verify_greedy
 from specgraft.verify.processing import draw_uniform, sample_token, target_probs
 
 
 def verify(
     tree: DraftTree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
 ) -> VerifyResult:
-    """Greedy if ``sampling.greedy``, else rejection if the tree carries ``draft_probs``, else sample-and-match."""
+    """Greedy if ``sampling.greedy``, else rejection if the tree carries ``draft_probs``, else sample-and-match.
+
+    ``ValueError`` when a tree token lies outside the vocabulary of ``logits`` (``[N + 1, V]``).
+    """
     if sampling.greedy:
         return verify_greedy(tree, logits)
     if tree.draft_probs is not None:
@@ -47,7 +50,7 @@ def verify_sample_match(
     node 0 is accepted; if the draw at node 0 (row 1) is 3, there is no child 3, so the
     result is ``accepted=[0], bonus_token=3``: two draws for two emitted tokens.
     """
-    assert logits.shape[0] == len(tree) + 1, f"expected {len(tree) + 1} logit rows, got {logits.shape[0]}"
+    check_rows(tree, logits)
     index = child_index(tree)
     accepted: list[int] = []
     node = -1
@@ -109,7 +112,7 @@ def verify_rejection(
     ``normalize(max(p - q, 0)) = [0, 1, 0]``, ``q_2 = [0, 1, 0]``, child 1 is accepted with
     probability ``1 / 1``.
     """
-    assert logits.shape[0] == len(tree) + 1, f"expected {len(tree) + 1} logit rows, got {logits.shape[0]}"
+    check_rows(tree, logits)
     index = child_index(tree)
     children = tree.children()
     accepted: list[int] = []
@@ -159,8 +162,10 @@ def recursive_rejection(
     over the untried tokens, divided by their mass ``q_mass``; the tried tokens need no zeroing
     in the residual because ``p`` is already 0 there (each was rejected, so ``p < q_j`` there).
     """
-    # [V]
+    # [V], normalised once in float64 so that the rule's identity (the node emits p) holds to
+    # float64 rounding even when the float32 row sums to 1 +- 1e-7
     p = target.to(torch.float64)
+    p = p / p.sum()
     # [V]
     q = draft.to(device=p.device, dtype=torch.float64)
     q_tokens = q[tokens].tolist()
