@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from specgraft.api import SpecDecoder
-from specgraft.cli import agreement
+from specgraft.agreement import agreement
 from specgraft.methods import MethodOptions
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "bench"
@@ -97,7 +97,8 @@ def main() -> None:
         row["ar"] = {"time_s": ar_s, "time_s_runs": [base.stats.total_s, again.stats.total_s], "new_tokens": base.stats.new_tokens,
                      "tokens_per_s": base.stats.new_tokens / ar_s}
         for m, o in results.items():
-            frac, first = agreement(o.tokens, base.tokens)
+            same = agreement(o.tokens, base.tokens)
+            frac, first = same.fraction_equal, same.first_divergence
             s = o.stats
             row[m] = {
                 "time_s": s.total_s, "new_tokens": s.new_tokens, "steps": s.steps, "mat": s.mat,
@@ -106,7 +107,8 @@ def main() -> None:
                 "forward_s_per_step": s.forward_s / s.steps,
             }
         for name, (toks, secs) in peers.items():
-            frac, first = agreement(toks, base.tokens)
+            same = agreement(toks, base.tokens)
+            frac, first = same.fraction_equal, same.first_divergence
             row[name] = {"time_s": secs, "new_tokens": len(toks), "speedup": ar_s / secs, "agreement": frac, "first_divergence": first}
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -19,10 +19,12 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specgraft.config import GenerationConfig, SamplingConfig
+from specgraft.detokenize import IncrementalDetokenizer
 from specgraft.engine import SpecEngine
-from specgraft.methods import MethodOptions, get_method
-from specgraft.methods_graft import check_calibration_budget, load_draft_model, preset_budget
-from specgraft.models.hf import HFTarget, load_causal_lm, parse_dtype
+from specgraft.methods import MethodOptions, get_method, preset_budget
+from specgraft.methods.graft import check_calibration_budget
+from specgraft.models.hf import HFTarget, load_causal_lm, parse_dtype, resolve_device
+from specgraft.models.loading import load_draft_model
 from specgraft.types import GenerationStats
 
 
@@ -69,7 +71,7 @@ class SpecDecoder:
     Their other knobs are ``options.graft`` too, e.g. draft children sampled for rejection
     sampling at temperature 0.7 (``--sample-drafts``)::
 
-        graft = with_sampled_drafts(GraftOptions(draft_model="qwen2.5-coder-0.5b-instruct"), temperature=0.7, seed=0)
+        graft = with_sampled_drafts(GraftOptions(draft_model="qwen2.5-coder-0.5b-instruct"), temperature=0.7)
         dec = SpecDecoder.from_pretrained("qwen2.5-coder-1.5b-instruct", method="graft", options=MethodOptions(graft=graft))
         dec.generate("...", temperature=0.7, seed=0)
     """
@@ -93,11 +95,11 @@ class SpecDecoder:
         if draft_model is None and self.spec.needs_draft_model:
             self.spec.check(options)
             graft = options.graft
-            draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, str(self.target.device), progress, tokenizer)
+            draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, self.target.device, progress, tokenizer)
         self.draft_model = draft_model
         # draft-model methods verify their preset's budget (cpu 8, gpu 60) unless told otherwise
         self.default_budget = preset_budget(options.graft) if self.spec.needs_draft_model else self.spec.default_budget
-        drafters, composer = self.spec.build(self.target.vocab_size, options, draft_model)
+        drafters, composer = self.spec.build(self.target, options, draft_model)
         self.engine = SpecEngine(
             self.target, drafters, composer, method=method, eos_token_ids=eos_ids(tokenizer, model),
             default_budget=self.default_budget,
@@ -110,7 +112,7 @@ class SpecDecoder:
         name_or_path: str,
         method: str = "recycling",
         dtype: str | torch.dtype = "auto",
-        device: str = "cpu",
+        device: str | torch.device = "auto",
         options: MethodOptions = MethodOptions(),
         cache_dir: str | None = None,
         progress: bool = True,
@@ -118,17 +120,19 @@ class SpecDecoder:
     ) -> "SpecDecoder":
         """Load by catalog name (pulled on first use), local directory or Hugging Face id.
 
-        A model that cannot be pulled or loaded raises :class:`~specgraft.models.catalog.ModelLoadError`
+        A model that cannot be pulled or loaded raises :class:`~specgraft.models.resolve.ModelLoadError`
         (an ``OSError``) naming it.
 
-        ``dtype="auto"`` picks float32 on CPUs without native bf16 (see ``models/kernels.py``);
-        ``fast_kernels`` swaps the linears for oneDNN ones on CPU (same numbers, faster). A
-        method that needs a draft model loads ``options.graft.draft_model`` the same way.
+        ``device="auto"`` is ``cuda`` when a GPU is available, else ``cpu``; ``dtype="auto"`` picks
+        float32 on CPUs without native bf16 (see ``models/kernels.py``), bfloat16 on GPUs;
+        ``fast_kernels`` swaps the linears for oneDNN ones on CPU (same numbers, faster). A method
+        that needs a draft model loads ``options.graft.draft_model`` the same way, on the same device.
         """
-        from specgraft.models.catalog import load_errors, resolve_model
+        from specgraft.models.resolve import load_errors, resolve_model
 
-        # fail on a bad method, a missing draft model or calibration before loading anything
+        # fail on a bad method, device, a missing draft model or calibration before loading anything
         get_method(method).check(options)
+        device = resolve_device(device)
         parse_dtype(dtype, device)
         path = resolve_model(name_or_path, cache_dir=cache_dir, progress=progress)
         with load_errors(name_or_path):
@@ -140,10 +144,10 @@ class SpecDecoder:
     def with_method(
         self, method: str, options: MethodOptions | None = None, draft_model: PreTrainedModel | None = None
     ) -> "SpecDecoder":
-        """Another method over the same loaded model, tokenizer and draft model (``draft_model``
-        replaces the latter); the caches are per decoder."""
+        """Another method over the same loaded model, adapter (each generation has its own cache
+        slot), tokenizer and draft model (``draft_model`` replaces the latter)."""
         draft_model = draft_model if draft_model is not None else self.draft_model
-        return SpecDecoder(self.model, self.tokenizer, method, options or self.options, draft_model=draft_model)
+        return SpecDecoder(self.model, self.tokenizer, method, options or self.options, target=self.target, draft_model=draft_model)
 
     # -- prompts -------------------------------------------------------------------------
 
@@ -199,50 +203,58 @@ class SpecDecoder:
         """Yield text pieces as they are accepted; ``self.last_output`` holds the result afterwards.
 
         Keyword arguments are those of :meth:`make_config` (``max_new_tokens``, ``temperature``...).
-        Text that might be the start of a stop string is held back until it is decided.
+        Text is detokenised incrementally (:mod:`specgraft.detokenize`: each token's text costs a
+        short window, not the whole output), and text that might be the start of a stop string
+        is held back until it is decided. With stop strings, the output ends before the first
+        one, and the tokens after the one that completed it are dropped.
         """
         config = self.resolve(config or self.make_config(**kw))
         ids = self.encode(prompt, chat)
         stops = config.stop_strings
+        longest_stop = max((len(s) for s in stops), default=0)
+        detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else None
         tokens: list[int] = []
-        shown = ""
+        shown = 0  # characters of detok.text yielded
+        stop_at: int | None = None  # character where the first stop string starts
         steps = self.engine.stream_ids(ids, config)
-        stopped = False
         engine_tokens = 0
         try:
             for chunk in steps:
                 engine_tokens += len(chunk)
-                for tok in chunk:
-                    tokens.append(tok)
-                    if stops:
-                        text = self.decode(tokens)
-                        hits = [text.find(s) for s in stops if s in text]
-                        if hits:
-                            shown_now = text[: min(hits)]
-                            if len(shown_now) > len(shown):
-                                yield shown_now[len(shown) :]
-                            shown = shown_now
-                            stopped = True
-                            break
-                if stopped:
+                # with stop strings token by token (to end exactly at the one completing a stop)
+                for piece_ids in ([[t] for t in chunk] if stops else [chunk]):
+                    tokens.extend(piece_ids)
+                    if detok is None:
+                        continue
+                    before = len(detok.text)
+                    if not detok.add(piece_ids) or not stops:
+                        continue
+                    # a stop string can only be found where it overlaps the new text
+                    start = max(0, before - longest_stop + 1)
+                    hits = [i for i in (detok.text.find(s, start) for s in stops) if i >= 0]
+                    if hits:
+                        stop_at = min(hits)
+                        break
+                if stop_at is not None:
                     break
-                text = self.decode(tokens)
-                if text.endswith("\ufffd"):
-                    continue  # an incomplete multi-byte character: wait for the next step
-                end = len(text) - _stop_holdback(text, stops)
-                if end > len(shown):
-                    yield text[len(shown) : end]
-                    shown = text[:end]
-            if not stopped:
-                text = self.decode(tokens)
-                if len(text) > len(shown):
-                    yield text[len(shown) :]
-                    shown = text
+                if detok is not None:
+                    end = len(detok.text) - _stop_holdback(detok.text, stops)
+                    if end > shown:
+                        yield detok.text[shown:end]
+                        shown = end
+            if detok is not None:
+                if stop_at is None:
+                    detok.flush()
+                end = len(detok.text) if stop_at is None else stop_at
+                if end > shown:
+                    yield detok.text[shown:end]
+                    shown = end
         finally:
             steps.close()
             stats = self.engine.last_stats
             stats.trim_last_step(engine_tokens - len(tokens))
-            self.last_output = GenerationOutput(text=shown, tokens=tokens, stats=stats, config=self.resolved_config(config))
+            text = detok.text[:shown] if detok is not None else ""
+            self.last_output = GenerationOutput(text=text, tokens=tokens, stats=stats, config=self.resolved_config(config))
 
     def generate(self, prompt: str | Sequence[int], chat: bool = False, config: GenerationConfig | None = None, **kw) -> GenerationOutput:
         """Generate and return the text, the new token ids and the stats."""
@@ -269,6 +281,7 @@ class SpecDecoder:
             "generation": self.resolve(config).to_dict(),
             "options": dataclasses.asdict(self.options),
             "dtype": _dtype_name(self.target.dtype),
+            "device": str(self.target.device),
             "threads": torch.get_num_threads(),
         }
         if self.spec.needs_draft_model:

@@ -1,7 +1,10 @@
-"""The speculative decoding loop: prefill, then propose -> build -> verify -> commit -> observe.
+"""The speculative decoding loop: prefill, then propose -> verify -> commit -> observe.
 
 Reads like gpt-fast's ``generate.py``: each step is a named function. The engine works on token
 ids; :mod:`specgraft.api` adds tokenizers, chat templates, stop strings and text streaming.
+Everything that belongs to one sequence (its cache slot, context, drafters' states, sampling
+generator, stats) is one :class:`SequenceState`; the engine itself holds only the target,
+the drafters and the composer, which all sequences share.
 
 Example::
 
@@ -9,12 +12,20 @@ Example::
     for new_tokens in engine.stream_ids(prompt_ids, GenerationConfig(max_new_tokens=32)):
         ...                                   # lists of tokens, one list per step
     engine.last_stats.mat                      # tokens per step, bonus token included
+
+or step by step (what a scheduler does with many sequences)::
+
+    seq = engine.start(prompt_ids, config)
+    while not seq.done:
+        engine.step(seq)
+    engine.finish(seq)
 """
 
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -22,14 +33,39 @@ from specgraft.composers.base import Composer, MergeComposer
 from specgraft.config import GenerationConfig
 from specgraft.drafters.base import Drafter
 from specgraft.models.base import TargetModel
+from specgraft.models.hf import synchronize
 from specgraft.tree.build import truncate_depth
-from specgraft.types import DraftTree, GenerationStats, StepResult
+from specgraft.types import DraftTree, GenerationStats, PrefillRequest, StepResult
 from specgraft.verify import verify
 
 
+@dataclass
+class SequenceState:
+    """One sequence being generated: everything that is not shared between sequences."""
+
+    slot: int
+    """The target cache slot holding this sequence's KV rows."""
+    config: GenerationConfig
+    """The generation's config, budget resolved."""
+    context: list[int]
+    """Committed tokens, prompt included; the last one is the next step's root."""
+    drafter_states: list[Any]
+    """One state per drafter of the engine (``Drafter.begin``), in the engine's order."""
+    generator: torch.Generator | None
+    """Sampling generator (None when greedy)."""
+    stats: GenerationStats
+    eos: frozenset[int]
+    """Tokens that end the sequence (empty with ``stop_on_eos=False``)."""
+    started: float = 0.0
+    done: bool = False
+    """No more steps: EOS, ``max_new_tokens``, a stop, the context window's end, or finished."""
+    released: bool = False
+    """:meth:`SpecEngine.finish` has freed the slot and the drafters' states."""
+    new_tokens: list[int] = field(default_factory=list)
+
+
 class SpecEngine:
-    """One target, some drafters, one composer. Stateless between generations except for what
-    drafters choose to keep (e.g. the successor matrix of Token Recycling)."""
+    """One target, some drafters, one composer: all shared by the sequences it generates."""
 
     def __init__(
         self,
@@ -50,28 +86,12 @@ class SpecEngine:
         self.needs_hidden = any(d.needs_hidden for d in self.drafters)
         self.last_stats = GenerationStats(method=self.method)
 
-    # -- the steps -------------------------------------------------------------------------
+    def _now(self) -> float:
+        """Wall time after the device's queued work (a GPU timer must not read launch times)."""
+        synchronize(self.target.device)
+        return time.perf_counter()
 
-    def prefill(self, prompt: Sequence[int]) -> None:
-        """Cache every prompt token but the last (the first root) and start the drafters."""
-        self.target.reset()
-        k = max((d.prefill_topk_k() for d in self.drafters), default=0)
-        topk = self.target.prefill(list(prompt[:-1]), topk=k)
-        for d in self.drafters:
-            d.begin(prompt, topk)
-
-    def propose(self, context: Sequence[int], budget: int, max_depth: int) -> DraftTree:
-        drafts = [d.propose(context, budget) for d in self.drafters]
-        if not drafts:
-            return DraftTree.empty()
-        tree = self.composer.build(drafts, budget)
-        return truncate_depth(tree, max_depth)
-
-    def observe(self, step: StepResult) -> None:
-        for d in self.drafters:
-            d.observe(step)
-
-    # -- the loop --------------------------------------------------------------------------
+    # -- a sequence's life ---------------------------------------------------------------------
 
     def check_prompt(self, prompt: Sequence[int]) -> None:
         if len(prompt) == 0:
@@ -82,60 +102,98 @@ class SpecEngine:
                 f"{self.target.max_positions} tokens"
             )
 
-    def stream_ids(self, prompt: Sequence[int], config: GenerationConfig = GenerationConfig()) -> Iterator[list[int]]:
-        """Yield the new tokens of each step until EOS or ``max_new_tokens``.
-
-        EOS is included as the last token when it stops generation. With
-        ``config.stop_on_eos=False`` EOS is an ordinary token and only ``max_new_tokens`` (or the
-        context window) stops. ``self.last_stats`` is complete once the iterator is exhausted (or closed).
-        """
+    def start(self, prompt: Sequence[int], config: GenerationConfig = GenerationConfig()) -> SequenceState:
+        """Prefill ``prompt`` in a new slot (every token but the last, the first root) and start
+        the drafters' states."""
         self.check_prompt(prompt)
         config = config.with_default_budget(self.default_budget)
-        eos = self.eos_token_ids if config.stop_on_eos else frozenset()
-        stats = self.last_stats = GenerationStats(method=self.method, prompt_tokens=len(prompt))
-        sampling = config.sampling
         generator = None
-        if not sampling.greedy:
-            generator = torch.Generator(device="cpu")
-            generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
-        t_start = time.perf_counter()
+        if not config.sampling.greedy:
+            generator = torch.Generator(device=self.target.device)
+            generator.manual_seed(config.sampling.seed if config.sampling.seed is not None else torch.seed())
+        seq = SequenceState(
+            slot=self.target.allocate(),
+            config=config,
+            context=list(prompt),
+            drafter_states=[],
+            generator=generator,
+            stats=GenerationStats(method=self.method, prompt_tokens=len(prompt)),
+            eos=self.eos_token_ids if config.stop_on_eos else frozenset(),
+            started=self._now(),
+        )
+        self.last_stats = seq.stats
         try:
-            self.prefill(prompt)
-            stats.prefill_s = time.perf_counter() - t_start
-            context = list(prompt)
-            while stats.new_tokens < config.max_new_tokens:
-                # positions left in the context window after the root
-                room = self.target.max_positions - self.target.past_len - 1
-                if room < 0:
-                    break
-                remaining = config.max_new_tokens - stats.new_tokens
-                budget = min(config.budget, room)
-                t0 = time.perf_counter()
-                tree = self.propose(context, budget, max_depth=min(remaining - 1, room))
-                t1 = time.perf_counter()
-                out = self.target.forward_tree(context[-1], tree, output_hidden=self.needs_hidden)
-                t2 = time.perf_counter()
-                result = verify(tree, out.logits, sampling, generator)
-                t3 = time.perf_counter()
-                self.target.commit([0, *(i + 1 for i in result.accepted)])
-                t4 = time.perf_counter()
-                step = StepResult(root_token=context[-1], tree=tree, verify=result, logits=out.logits, context=context, hidden=out.hidden)
-                new = step.new_tokens
-                context.extend(new)
-                self.observe(step)
-                t5 = time.perf_counter()
-                emitted = self._cut(new, remaining, eos)
-                stats.record_step(step, len(emitted))
-                stats.draft_s += t1 - t0
-                stats.forward_s += t2 - t1
-                stats.verify_s += t3 - t2
-                stats.commit_s += t4 - t3
-                stats.observe_s += t5 - t4
-                yield emitted
-                if len(emitted) < len(new) or (emitted and emitted[-1] in eos):
-                    break
-        finally:
-            stats.total_s = time.perf_counter() - t_start
+            self.target.reserve(min(len(prompt) + config.max_new_tokens + config.budget + 1, self.target.max_positions))
+            request = PrefillRequest()
+            for d in self.drafters:
+                request = request.union(d.prefill_request())
+            prefill = self.target.prefill(seq.slot, list(prompt[:-1]), request)
+            for d in self.drafters:
+                seq.drafter_states.append(d.begin(prompt, prefill, config))
+        except BaseException:
+            self.finish(seq)
+            raise
+        seq.stats.prefill_s = self._now() - seq.started
+        seq.done = config.max_new_tokens == 0
+        return seq
+
+    def step(self, seq: SequenceState) -> list[int]:
+        """One speculative step; returns the tokens it emits (cut at EOS and ``max_new_tokens``)."""
+        config, stats = seq.config, seq.stats
+        # positions left in the context window after the root
+        room = self.target.max_positions - self.target.length(seq.slot) - 1
+        if seq.done or room < 0:
+            seq.done = True
+            return []
+        remaining = config.max_new_tokens - stats.new_tokens
+        t0 = self._now()
+        tree = self.propose(seq, min(config.budget, room), max_depth=min(remaining - 1, room))
+        t1 = self._now()
+        out = self.target.forward_tree(seq.slot, seq.context[-1], tree, output_hidden=self.needs_hidden)
+        t2 = self._now()
+        result = verify(tree, out.logits, config.sampling, seq.generator)
+        t3 = self._now()
+        self.target.commit(seq.slot, [0, *(i + 1 for i in result.accepted)])
+        t4 = self._now()
+        step = StepResult(root_token=seq.context[-1], tree=tree, verify=result, logits=out.logits, context=seq.context, hidden=out.hidden)
+        new = step.new_tokens
+        seq.context.extend(new)
+        self.observe(seq, step)
+        t5 = self._now()
+        emitted = self._cut(new, remaining, seq.eos)
+        seq.new_tokens += emitted
+        stats.record_step(step, len(emitted))
+        stats.draft_s += t1 - t0
+        stats.forward_s += t2 - t1
+        stats.verify_s += t3 - t2
+        stats.commit_s += t4 - t3
+        stats.observe_s += t5 - t4
+        stats.total_s = t5 - seq.started
+        if len(emitted) < len(new) or (emitted and emitted[-1] in seq.eos) or stats.new_tokens >= config.max_new_tokens:
+            seq.done = True
+        return emitted
+
+    def finish(self, seq: SequenceState) -> None:
+        """Free the sequence's slot and drafter states; its stats are final. Idempotent."""
+        if seq.released:
+            return
+        seq.released = seq.done = True
+        for d, state in zip(self.drafters, seq.drafter_states):
+            d.end(state)
+        self.target.release(seq.slot)
+        seq.stats.total_s = self._now() - seq.started
+
+    # -- the steps -----------------------------------------------------------------------------
+
+    def propose(self, seq: SequenceState, budget: int, max_depth: int) -> DraftTree:
+        drafts = [d.propose(state, seq.context, budget) for d, state in zip(self.drafters, seq.drafter_states, strict=True)]
+        if not drafts:
+            return DraftTree.empty()
+        return truncate_depth(self.composer.build(drafts, budget), max_depth)
+
+    def observe(self, seq: SequenceState, step: StepResult) -> None:
+        for d, state in zip(self.drafters, seq.drafter_states, strict=True):
+            d.observe(state, step)
 
     @staticmethod
     def _cut(new: list[int], remaining: int, eos: frozenset[int]) -> list[int]:
@@ -149,6 +207,24 @@ class SpecEngine:
             if tok in eos:
                 return out[: i + 1]
         return out
+
+    # -- one sequence at a time ----------------------------------------------------------------
+
+    def stream_ids(self, prompt: Sequence[int], config: GenerationConfig = GenerationConfig()) -> Iterator[list[int]]:
+        """Yield the new tokens of each step until EOS or ``max_new_tokens``.
+
+        EOS is included as the last token when it stops generation. With
+        ``config.stop_on_eos=False`` EOS is an ordinary token and only ``max_new_tokens`` (or the
+        context window) stops. ``self.last_stats`` is complete once the iterator is exhausted (or closed).
+        """
+        seq = self.start(prompt, config)
+        try:
+            while not seq.done:
+                emitted = self.step(seq)
+                if emitted:
+                    yield emitted
+        finally:
+            self.finish(seq)
 
     def generate_ids(self, prompt: Sequence[int], config: GenerationConfig = GenerationConfig()) -> list[int]:
         """All new tokens at once; see :meth:`stream_ids`."""

@@ -6,8 +6,9 @@ Glossary of tensor dimensions used in shape comments throughout the package:
 - ``V``: vocabulary size
 - ``S``: committed sequence length (tokens whose KV is cached)
 - ``D``: maximum tree depth (a child of the root has depth 1)
-- ``P``: number of root-to-leaf paths
 - ``H``: hidden size
+- ``P``: rows of a draft-probability table (one per parent whose children were sampled)
+- ``B``: sequences (cache slots) in one forward
 
 A **probe** node is fed to the target in the verify pass only for its logits (PTD's
 perturbation draft tree): it is never accepted, never committed and never counted as a
@@ -24,23 +25,72 @@ Example of one step with the root token ``7``, a draft chain ``[5, 9]`` and a br
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
+import dataclasses
 from dataclasses import dataclass, field
 from numbers import Integral
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import torch
 
 
+class _Nodes:
+    """What :class:`Draft` and :class:`DraftTree` share: per-node lists, checks, subsets."""
+
+    #: Fields holding one entry per node (None when absent), subset together by :meth:`subset`.
+    PER_NODE: ClassVar[tuple[str, ...]] = ("tokens", "scores", "prob_rows", "probe")
+
+    tokens: list[int]
+    parents: list[int]
+    draft_probs: torch.Tensor | None
+    prob_rows: list[int] | None
+    probe: list[bool] | None
+
+    def _check(self) -> None:
+        check_nodes(self.tokens, self.parents, self.probe)
+        n = len(self.tokens)
+        for name in self.PER_NODE:
+            value = getattr(self, name)
+            if value is not None and len(value) != n:
+                raise ValueError(f"{len(value)} {name} for {n} nodes")
+        if (self.draft_probs is None) != (self.prob_rows is None):
+            raise ValueError("draft_probs and prob_rows go together (a table of rows and each node's row in it)")
+        if self.prob_rows is not None:
+            rows = self.draft_probs.shape[0]
+            if any(not -1 <= r < rows for r in self.prob_rows):
+                raise ValueError(f"prob_rows must index the {rows} draft_probs rows (or be -1), got {self.prob_rows}")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def is_probe(self, i: int) -> bool:
+        return self.probe is not None and self.probe[i]
+
+    def subset(self, keep: Sequence[int]):
+        """The nodes ``keep`` (ascending, closed under parents), reindexed; everything else as is.
+
+        >>> Draft("pld", tokens=[5, 9, 4], parents=[-1, 0, -1], scores=[0.9, 0.5, 0.2]).subset([0, 2])
+        Draft(source='pld', tokens=[5, 4], parents=[-1, -1], scores=[0.9, 0.2], draft_probs=None, prob_rows=None, probe=None, anchor=())
+        """
+        keep = list(keep)
+        fields = {name: [getattr(self, name)[i] for i in keep] for name in self.PER_NODE if getattr(self, name) is not None}
+        return dataclasses.replace(self, parents=reindex(self.parents, keep), **fields)
+
+
 @dataclass
-class Draft:
+class Draft(_Nodes):
     """Candidates from one drafter, already shaped as a tree rooted at the root token.
 
     A chain ``[a, b, c]`` is ``tokens=[a, b, c], parents=[-1, 0, 1]``.
     ``scores`` (optional) rank nodes when several drafts compete for the budget: higher is
-    kept first. ``draft_probs`` (optional) is the distribution each node was *sampled* from
-    (the draft model's distribution at its parent); only drafters that really sample their
-    candidates set it, and it enables multi-candidate rejection sampling.
+    kept first.
+
+    ``draft_probs`` and ``prob_rows`` (optional, together) say which distribution each node was
+    *sampled* from: ``draft_probs[prob_rows[i]]`` for node ``i``, ``prob_rows[i] = -1`` for a
+    node that was not sampled. Siblings drawn together share one row (the draft model's
+    distribution at their parent), so the table has a row per sampling parent, not per node.
+    Only drafters that really sample their candidates set them; they enable multi-candidate
+    rejection sampling (``verify/sampling.py`` states the contract).
 
     ``anchor`` hangs the draft below the root: its children of the root become children of
     the node reached from the root by that token path (Graft's TAIL, READER's deepening). A
@@ -58,27 +108,19 @@ class Draft:
     parents: list[int]
     # [N] or None
     scores: list[float] | None = None
-    # [N, V] or None
+    # [P, V] or None: the distributions nodes were sampled from, one row per sampling parent
     draft_probs: torch.Tensor | None = None
+    # [N] or None: node i was sampled from draft_probs[prob_rows[i]]; -1 = not sampled
+    prob_rows: list[int] | None = None
     # [N] or None: True = probe node (fed for its logits only, see the module docstring)
     probe: list[bool] | None = None
     # the token path from the root to the node this draft hangs from; () = the root itself
     anchor: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        check_nodes(self.tokens, self.parents, self.probe)
-        if self.scores is not None and len(self.scores) != len(self.tokens):
-            raise ValueError(f"{len(self.scores)} scores for {len(self.tokens)} nodes")
-        if self.draft_probs is not None and self.draft_probs.shape[0] != len(self.tokens):
-            raise ValueError(f"{self.draft_probs.shape[0]} draft_probs rows for {len(self.tokens)} nodes")
+        self._check()
         if any(not isinstance(t, Integral) or t < 0 for t in self.anchor):
             raise ValueError(f"anchor must be a path of token ids >= 0, got {self.anchor}")
-
-    def is_probe(self, i: int) -> bool:
-        return self.probe is not None and self.probe[i]
-
-    def __len__(self) -> int:
-        return len(self.tokens)
 
     @staticmethod
     def chain(source: str, tokens: Sequence[int]) -> "Draft":
@@ -86,14 +128,18 @@ class Draft:
 
 
 @dataclass
-class DraftTree:
+class DraftTree(_Nodes):
     """The merged tree that the target verifies in one forward pass.
 
     Nodes are in topological order (a parent before its children); siblings carry distinct
     tokens (merging deduplicates shared prefixes); both are checked on construction
-    (``ValueError``), like the token ids (>= 0 here, < vocab in :meth:`check_vocab`). ``sources[i]`` names the drafter that
-    proposed node ``i`` (the first one, when several proposed the same prefix).
+    (``ValueError``), like the token ids (>= 0 here, < vocab in :meth:`check_vocab`).
+    ``sources[i]`` names the drafter that proposed node ``i`` (the first one, when several
+    proposed the same prefix). ``draft_probs``/``prob_rows`` as in :class:`Draft`; the merge
+    keeps a node's row only where rejection sampling is exact (``tree/build.py``).
     """
+
+    PER_NODE: ClassVar[tuple[str, ...]] = ("tokens", "sources", "scores", "prob_rows", "probe")
 
     # [N]
     tokens: list[int]
@@ -101,21 +147,17 @@ class DraftTree:
     parents: list[int]
     # [N]
     sources: list[str]
-    # [N] or None: draft probability rows, see Draft.draft_probs
+    # [P, V] or None: see Draft.draft_probs
     draft_probs: torch.Tensor | None = None
+    # [N] or None: see Draft.prob_rows
+    prob_rows: list[int] | None = None
     # [N] or None
     scores: list[float] | None = None
     # [N] or None: True = probe node (fed for its logits only, see the module docstring)
     probe: list[bool] | None = None
 
     def __post_init__(self) -> None:
-        if len(self.sources) != len(self.tokens):
-            raise ValueError(f"{len(self.sources)} sources for {len(self.tokens)} nodes")
-        check_nodes(self.tokens, self.parents, self.probe)
-        if self.scores is not None and len(self.scores) != len(self.tokens):
-            raise ValueError(f"{len(self.scores)} scores for {len(self.tokens)} nodes")
-        if self.draft_probs is not None and self.draft_probs.shape[0] != len(self.tokens):
-            raise ValueError(f"{self.draft_probs.shape[0]} draft_probs rows for {len(self.tokens)} nodes")
+        self._check()
 
     def check_vocab(self, vocab_size: int) -> None:
         """``ValueError`` unless every token id lies in ``[0, vocab_size)`` (ids >= 0 are checked
@@ -124,15 +166,9 @@ class DraftTree:
             bad = next(t for t in self.tokens if t >= vocab_size)
             raise ValueError(f"tree token id {bad} is outside the vocabulary [0, {vocab_size})")
 
-    def __len__(self) -> int:
-        return len(self.tokens)
-
     @staticmethod
     def empty() -> "DraftTree":
         return DraftTree(tokens=[], parents=[], sources=[])
-
-    def is_probe(self, i: int) -> bool:
-        return self.probe is not None and self.probe[i]
 
     @property
     def num_candidates(self) -> int:
@@ -147,6 +183,43 @@ class DraftTree:
             if not self.is_probe(i):
                 out[p + 1].append(i)
         return out
+
+
+@dataclass(frozen=True)
+class PrefillRequest:
+    """What drafters want from the prefill of a prompt besides the cache (the union of every drafter's)."""
+
+    topk: int = 0
+    """Successor ids per prompt position (Token Recycling fills its matrix from them)."""
+    hidden: bool = False
+    """Final-layer hidden states per prompt position."""
+
+    def union(self, other: "PrefillRequest") -> "PrefillRequest":
+        """
+        >>> PrefillRequest(topk=8).union(PrefillRequest(hidden=True))
+        PrefillRequest(topk=8, hidden=True)
+        """
+        return PrefillRequest(max(self.topk, other.topk), self.hidden or other.hidden)
+
+
+@dataclass
+class PrefillOutput:
+    """What a prefill returns for the prefilled tokens (every prompt token but the last)."""
+
+    # [T, topk] successor ids of every prefilled token, or None
+    topk: torch.Tensor | None = None
+    # [T, H] final-layer hidden states (after the final norm), or None
+    hidden: torch.Tensor | None = None
+
+
+@dataclass
+class RowsOutput:
+    """Result of feeding rows to a model: one logits row (and hidden state) per fed row."""
+
+    # [n, V] float32
+    logits: torch.Tensor
+    # [n, H] or None: final-layer hidden states (after the final norm), when asked for
+    hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -284,6 +357,19 @@ class GenerationStats:
         }
 
 
+def reindex(parents: Sequence[int], keep: Sequence[int]) -> list[int]:
+    """The parents of the nodes ``keep`` (ascending, closed under parents) in the kept tree.
+
+    >>> reindex([-1, 0, -1, 2], [0, 2, 3])
+    [-1, -1, 1]
+    """
+    new_index = {old: new for new, old in enumerate(keep)}
+    try:
+        return [new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
+    except KeyError as e:
+        raise ValueError(f"the kept nodes {list(keep)} leave out node {e.args[0]}, the parent of a kept node") from None
+
+
 def check_nodes(tokens: Sequence[int], parents: Sequence[int], probe: Sequence[bool] | None) -> None:
     """``ValueError`` unless the nodes form a tree in topological order with distinct siblings,
     token ids >= 0, and (with ``probe``) a flag per node and no candidate under a probe (a
@@ -308,11 +394,3 @@ def check_nodes(tokens: Sequence[int], parents: Sequence[int], probe: Sequence[b
         seen.add((p, t))
         if probe is not None and p >= 0 and probe[p] and not probe[i]:
             raise ValueError(f"candidate node {i} hangs under probe node {p}")
-
-
-def group_by_parent(parents: Sequence[int]) -> dict[int, list[int]]:
-    """``{parent: [children...]}`` with ``-1`` for the root, e.g. ``[-1, 0, -1] -> {-1: [0, 2], 0: [1]}``."""
-    out: dict[int, list[int]] = defaultdict(list)
-    for i, p in enumerate(parents):
-        out[p].append(i)
-    return dict(out)

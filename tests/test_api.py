@@ -4,9 +4,12 @@ import numpy as np
 import pytest
 
 from specgraft.api import SpecDecoder, _stop_holdback
-from specgraft.methods import METHODS
+from specgraft.calibration.corpus import read_corpus
+from specgraft.calibration.warmup import warm_up_matrix
+from specgraft.detokenize import IncrementalDetokenizer
 from specgraft.drafters.recycling import SuccessorMatrix
-from specgraft.warmup import read_corpus, warm_up_matrix
+from specgraft.methods import METHODS
+from specgraft.models.hf import HFTarget
 
 from tests.conftest import tiny_llama, tiny_tokenizer
 
@@ -45,6 +48,43 @@ def test_chat_template_and_bad_prompts(decoder):
         decoder.with_method("nope")
 
 
+def byte_level_tokenizer():
+    """A byte-level BPE tokenizer trained here on text with multi-byte characters, so single
+    tokens hold parts of one character (as in GPT-2 / Qwen tokenizers)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = ["naïve café — déjà vu, 東京 and 北京 ✓ über straße", "def f(x):\n    return x  # ünïcödé"] * 20
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+@pytest.mark.parametrize("make", [tiny_tokenizer, byte_level_tokenizer], ids=["word-level", "byte-level"])
+def test_incremental_detokenizer_equals_full_decode(make):
+    """Text released token by token (and in uneven chunks, as steps emit them) equals decoding
+    everything at once, and a character split across tokens is held back until complete."""
+    import random
+
+    tokenizer = make()
+    text = "naïve café — déjà vu, 東京 ✓ über straße w5 w6 w7" if make is byte_level_tokenizer else "w5 w6 w7 w5 w9 w3"
+    ids = tokenizer(text)["input_ids"]
+    rng = random.Random(0)
+    for chunked in (False, True):
+        detok = IncrementalDetokenizer(tokenizer)
+        pieces, i = [], 0
+        while i < len(ids):
+            n = rng.randint(1, 4) if chunked else 1
+            piece = detok.add(ids[i : i + n])
+            assert "\ufffd" not in piece, "an incomplete character is never released"
+            pieces.append(piece)
+            i += n
+        pieces.append(detok.flush())
+        assert "".join(pieces) == detok.text == tokenizer.decode(ids, skip_special_tokens=True)
+
+
 def test_stop_holdback():
     assert _stop_holdback("abc ST", ["STOP"]) == 2
     assert _stop_holdback("abc", ["STOP"]) == 0
@@ -80,7 +120,7 @@ def test_stop_on_eos(method):
     target = HFTarget(tiny_llama())
 
     def run(eos: list[int], stop_on_eos: bool) -> list[int]:
-        drafters, composer = get_method(method).build(target.vocab_size, MethodOptions())
+        drafters, composer = get_method(method).build(target, MethodOptions())
         engine = SpecEngine(target, drafters, composer, method=method, eos_token_ids=eos)
         return engine.generate_ids(prompt, GenerationConfig(max_new_tokens=24, stop_on_eos=stop_on_eos))
 
@@ -104,14 +144,14 @@ def test_make_config_stop_on_eos(decoder):
 
 def test_sampled_drafts_and_preset_budget_through_the_api():
     from specgraft.methods import MethodOptions
-    from specgraft.methods_graft import GraftOptions, with_sampled_drafts
+    from specgraft.methods.graft import GraftOptions, with_sampled_drafts
 
-    graft = with_sampled_drafts(GraftOptions(preset="gpu"), temperature=0.8, seed=1)
+    graft = with_sampled_drafts(GraftOptions(preset="gpu"), temperature=0.8)
     dec = SpecDecoder(
         tiny_llama(), tiny_tokenizer(), method="draft-tree", options=MethodOptions(graft=graft), draft_model=tiny_llama(layers=1, seed=5)
     )
     (drafter,) = dec.engine.drafters
-    assert (drafter.config.sample, drafter.config.temperature, drafter.config.seed) == (True, 0.8, 2)
+    assert (drafter.config.sample, drafter.config.seed) == (True, 0)
     assert (drafter.config.depth, drafter.config.top_k) == (8, 10)  # the gpu preset
     assert dec.default_budget == 60 and dec.resolve(dec.make_config()).budget == 60
     out = dec.generate("w5 w6 w7 w5 w6", max_new_tokens=6, temperature=0.8, seed=0)
@@ -127,7 +167,7 @@ def test_build_graft_method_checks_the_tokenizer(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from specgraft.methods_graft import GraftOptions, build_graft_method
+    from specgraft.methods.graft import GraftOptions, build_graft_method
 
     words = {"<pad>": 0, "<s>": 1, "</s>": 2}
     words.update({f"w{i}": (7 if i == 3 else 3 if i == 7 else i) for i in range(3, 96)})  # w3 and w7 swapped
@@ -137,8 +177,9 @@ def test_build_graft_method_checks_the_tokenizer(tmp_path):
     tiny_llama(layers=1, seed=5).save_pretrained(draft_dir)
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>").save_pretrained(draft_dir)
     options = GraftOptions(draft_model=str(draft_dir), draft_dtype="float32")
+    target = HFTarget(tiny_llama())
 
-    drafters, _ = build_graft_method("draft-tree", 96, options)  # sizes agree: accepted without the tokenizer
+    drafters, _ = build_graft_method("draft-tree", target, options)  # sizes agree: accepted without the tokenizer
     assert drafters[0].name == "draft"
     with pytest.raises(ValueError, match="has a different vocabulary"):
-        build_graft_method("draft-tree", 96, options, target_tokenizer=tiny_tokenizer())
+        build_graft_method("draft-tree", target, options, target_tokenizer=tiny_tokenizer())

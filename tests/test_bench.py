@@ -17,14 +17,14 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specgraft.bench import BenchConfig, load_suite, run_benchmark, self_repetition
-from specgraft.bench.compare import agreement
-from specgraft.bench.datasets import DATA_DIR, SUITES, parse_suite_spec
+from specgraft.agreement import agreement
+from specgraft.suites import DATA_DIR, SUITES, parse_suite_spec
 from specgraft.bench.records import RESULTS_FILE, read_rows
 from specgraft.bench.repetition import longest_match
-from specgraft.bench.report import OVERALL, common_rows, summarize
+from specgraft.bench.summary import OVERALL, common_rows, summarize
 from specgraft.bench.peers import PEERS
 from specgraft.bench.runner import build_methods, conversation_ids, load_models
-from specgraft.calibrate import save_calibration
+from specgraft.calibration import save_calibration
 from specgraft.methods import METHODS
 from specgraft.models.hf import parse_dtype
 from specgraft.models.kernels import OneDNNLinear
@@ -173,7 +173,7 @@ def test_eagle_alpaca_is_read_from_a_path_never_packaged(alpaca_file, monkeypatc
     with_alpaca = load_suite("eagle", per_task=2, alpaca_path=alpaca_file)
     assert with_alpaca.tasks == ["alpaca", "gsm8k", "humaneval", "mt_bench", "qa", "sum"]
     assert not with_alpaca.notes
-    monkeypatch.setattr("specgraft.bench.datasets.default_alpaca_paths", lambda: [tmp_path / "missing.jsonl"])
+    monkeypatch.setattr("specgraft.suites.default_alpaca_paths", lambda: [tmp_path / "missing.jsonl"])
     without = load_suite("eagle", per_task=2)
     assert "alpaca" not in without.tasks and "skipped" in without.notes[0]
     with pytest.raises(ValueError, match="alpaca file 'nope.jsonl' does not exist"):
@@ -410,7 +410,7 @@ def test_cli_with_draft_model(target_dir, draft_dir, tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from specgraft.bench.cli import bench
+    from specgraft.cli.bench import bench
 
     app = typer.Typer()
     app.command()(bench)
@@ -469,10 +469,10 @@ def test_one_draft_model_for_every_method(target_dir, draft_dir, tmp_path):
     assert kernels == {type(m) for m in models.decoder.model.modules()} & {OneDNNLinear, torch.nn.Linear}
 
 
-@pytest.mark.parametrize("module", ["compare", "datasets", "environment", "repetition", "report", "runner"])
+@pytest.mark.parametrize("module", ["agreement", "suites", "bench.environment", "bench.repetition", "bench.summary", "bench.runner"])
 def test_docstring_examples(module):
     import doctest
     import importlib
 
-    result = doctest.testmod(importlib.import_module(f"specgraft.bench.{module}"))
+    result = doctest.testmod(importlib.import_module(f"specgraft.{module}"))
     assert result.attempted > 0 and result.failed == 0

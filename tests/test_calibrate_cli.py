@@ -9,9 +9,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specgraft.bench.datasets import DATA_DIR, read_prompt_file
-from specgraft.calibrate import CorpusRecord, load_calibration, read_task_corpus, split_corpus
-from specgraft.calibrate_cli import PRESET_HELP, calibrate
+from specgraft.suites import DATA_DIR, read_prompt_file
+from specgraft.calibration import load_calibration
+from specgraft.calibration.corpus import CorpusRecord, read_task_corpus, split_corpus
+from specgraft.cli.calibrate import PRESET_HELP, calibrate
 from specgraft.drafters.draft_model import PRESETS
 
 from tests.test_graft import corpus_records

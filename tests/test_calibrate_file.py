@@ -7,14 +7,14 @@ import dataclasses
 
 import pytest
 
-from specgraft.calibrate import save_calibration
+from specgraft.calibration import save_calibration
 from specgraft.composers.graft import VARIANTS
 from specgraft.drafters.draft_model import PRESETS
 from specgraft.methods import METHODS, MethodOptions
-from specgraft.methods_graft import GraftOptions, build_graft_method, check_calibration_budget
+from specgraft.methods.graft import GraftOptions, build_graft_method, check_calibration_budget
 
 from tests.conftest import tiny_llama
-from tests.test_graft import make_calibration
+from tests.test_graft import Vocab, make_calibration
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +40,14 @@ def test_thresholds_for_other_draft_settings_are_refused(calibration, draft, ove
     options = GraftOptions(calibration=calibration, **override)
     for variant in ("graft", "graft-prune"):
         with pytest.raises(ValueError, match=message):
-            build_graft_method(variant, 96, options, draft_model=draft)
+            build_graft_method(variant, Vocab(96), options, draft_model=draft)
         # and before any model is loaded
         with pytest.raises(ValueError, match=message):
             METHODS[variant].check(MethodOptions(graft=options), draft_model=draft)
     # the variants that only read the file's matrix, and explicit thresholds, are fine
     for variant in ("graft-fixed", "graft-root", "graft-tail"):
-        build_graft_method(variant, 96, options, draft_model=draft)
-    drafters, _ = build_graft_method("graft", 96, dataclasses.replace(options, thresholds=(0.3, 0.2, 0.1)), draft_model=draft)
+        build_graft_method(variant, Vocab(96), options, draft_model=draft)
+    drafters, _ = build_graft_method("graft", Vocab(96), dataclasses.replace(options, thresholds=(0.3, 0.2, 0.1)), draft_model=draft)
     assert drafters[0].config.thresholds == (0.3, 0.2, 0.1)
 
 
@@ -66,12 +66,12 @@ def test_thresholds_for_another_budget_are_refused(calibration):
 
 def test_uncalibrated_gated_variants_warn_once_in_one_line(capsys, calibration, draft):
     for variant in VARIANTS:
-        build_graft_method(variant, 96, GraftOptions(), draft_model=draft)
+        build_graft_method(variant, Vocab(96), GraftOptions(), draft_model=draft)
         err = capsys.readouterr().err
         if variant in ("graft", "graft-prune"):
             assert err.count("\n") == 1 and err.startswith(f"warning: {variant} uses the cpu preset's uncalibrated thresholds")
         else:
             assert err == "", f"{variant} has no thresholds to warn about"
     for options in (GraftOptions(calibration=calibration), GraftOptions(thresholds=(0.3, 0.2, 0.1))):
-        build_graft_method("graft", 96, options, draft_model=draft)
+        build_graft_method("graft", Vocab(96), options, draft_model=draft)
         assert capsys.readouterr().err == ""

@@ -1,4 +1,4 @@
-"""Graft's threshold rule (``calibrate.choose_thresholds``) against a slow twin, its monotone
+"""Graft's threshold rule (``calibration.fit.choose_thresholds``) against a slow twin, its monotone
 constraint and near-tie rule, per-task fits, and what the recording refreshes the matrix from."""
 
 from __future__ import annotations
@@ -10,19 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from specgraft.calibrate import (
-    Calibration,
-    Recording,
-    StepFit,
-    choose_thresholds,
-    load_calibration,
-    paired_standard_error,
-    record_steps,
-    save_calibration,
-    threshold_grid,
-    thresholds_table,
-)
-from specgraft.composers.graft import GraftComposer, GraftConfig, GraftRetrieval
+from specgraft.calibration import Calibration, load_calibration, save_calibration, thresholds_table
+from specgraft.calibration.fit import StepFit, choose_thresholds, paired_standard_error, threshold_grid
+from specgraft.calibration.record import Recording, record_steps
+from specgraft.composers.graft import GraftComposer, GraftConfig
+from specgraft.drafters.graft_retrieval import GraftRetrieval
 from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig
 from specgraft.drafters.recycling import SuccessorMatrix
 from specgraft.models.hf import HFTarget
@@ -178,10 +170,9 @@ def test_thresholds_by_task_round_trip_and_table(tmp_path):
 
 
 def token_paths(tree) -> list[tuple[int, ...]]:
-    paths: list[tuple[int, ...]] = []
-    for tok, parent in zip(tree.tokens, tree.parents, strict=True):
-        paths.append((paths[parent] if parent >= 0 else ()) + (tok,))
-    return paths
+    from specgraft.tree.paths import token_paths as paths
+
+    return paths(tree.tokens, tree.parents)
 
 
 class Spy:
@@ -194,9 +185,9 @@ class Spy:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def observe(self, step) -> None:
+    def observe(self, state, step) -> None:
         self.steps.append(step)
-        self.inner.observe(step)
+        self.inner.observe(state, step)
 
 
 def test_recording_refreshes_the_matrix_only_from_a_real_steps_rows():
@@ -208,8 +199,9 @@ def test_recording_refreshes_the_matrix_only_from_a_real_steps_rows():
     drafter = Spy(DraftModelDrafter(perturbed(model), DraftTreeConfig(depth=3, top_k=3, checkpoints=(0, 1, 2))))
     matrix = SuccessorMatrix(96, 4)
     # a filled matrix: retrieval proposes nodes beside the draft's, so the union is large
-    matrix.table[:] = np.random.default_rng(0).integers(3, 96, size=matrix.table.shape)
-    composers = {v: GraftComposer(GraftConfig(variant=v, k=4), matrix=matrix) for v in ("graft", "graft-prune")}
+    rng = np.random.default_rng(0)
+    matrix.table[:] = np.stack([rng.permutation(np.arange(3, 96))[:4] for _ in range(96)])
+    composers = {v: GraftComposer(GraftConfig(variant=v, k=4)) for v in ("graft", "graft-prune")}
     retrieval = Spy(GraftRetrieval(96, composers["graft"].planner, matrix))
     prompts = [p for p, _ in make_prompts(3, 96)]
     rec = record_steps(target, drafter, retrieval, composers, prompts, 10, budget)

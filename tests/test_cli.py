@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specgraft import cli
-from specgraft.calibrate import load_calibration
+from specgraft.calibration import load_calibration
 from specgraft.methods import METHODS, method_names
 
 from tests.conftest import TINY_VOCAB, tiny_llama, tiny_tokenizer
@@ -128,7 +128,7 @@ def test_calibrate_then_generate_graft(monkeypatch, capsys, tiny_model_dir, tiny
 
 
 def test_calibration_for_another_vocabulary(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir, tmp_path):
-    from specgraft.calibrate import save_calibration
+    from specgraft.calibration import save_calibration
     from tests.test_graft import make_calibration
 
     calibration = save_calibration(make_calibration(vocab=TINY_VOCAB + 4), tmp_path / "other.json")
@@ -257,7 +257,7 @@ def test_failed_pull(monkeypatch, capsys, tmp_path):
 
 
 def test_not_pulled_message_names_the_command(tmp_path):
-    from specgraft.models.catalog import resolve_model
+    from specgraft.models.resolve import resolve_model
 
     with pytest.raises(FileNotFoundError, match="run `specgraft models pull smollm2-135m-instruct`"):
         resolve_model("smollm2-135m-instruct", cache_dir=tmp_path, pull_if_missing=False)
@@ -288,7 +288,7 @@ def test_preset_budget(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir):
 def test_cpu_preset_is_the_default_everywhere():
     """The cpu preset, the draft tree's defaults and the draft-model methods' default budget agree."""
     from specgraft.drafters.draft_model import PRESETS, DraftTreeConfig
-    from specgraft.methods_graft import GraftOptions, preset_budget
+    from specgraft.methods.graft import GraftOptions, preset_budget
 
     cpu = PRESETS["cpu"]
     assert (cpu.depth, cpu.top_k, cpu.budget) == (4, 2, 8)
@@ -320,9 +320,9 @@ def test_sample_drafts_reaches_the_drafter(monkeypatch, capsys, tiny_model_dir, 
             "--max-new-tokens", "8", "--threads", "1", "--temperature", "0.7", "--seed", "3", "--json"]
     code, out, err = run_cli(monkeypatch, capsys, *args, "--sample-drafts", PROMPT)
     assert code == 0, err
-    assert [(c.sample, c.temperature, c.seed) for c in drafter_configs] == [(True, 0.7, 4)]
+    assert [(c.sample, c.seed) for c in drafter_configs] == [(True, 0)]
     graft = json.loads(out)["config"]["options"]["graft"]
-    assert (graft["sample_drafts"], graft["draft_temperature"], graft["seed"]) == (True, 0.7, 4)
+    assert (graft["sample_drafts"], graft["seed"]) == (True, 0)
     drafter_configs.clear()
     code, out, err = run_cli(monkeypatch, capsys, *args, PROMPT)
     assert code == 0, err

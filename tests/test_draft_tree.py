@@ -1,8 +1,8 @@
 """The draft-model tree drafter (``draft-tree``): draft cache, EAGLE-2 shape, losslessness, sampling.
 
 Tiny fp32 models; the draft model is the target with its weights perturbed (so drafts are often,
-not always, right). Stubs (``TableLM``) stand in for the draft model where a test needs to set
-the draft distribution exactly.
+not always, right). Stubs (``tests.stubs.TableLM``) stand in for the draft model where a test
+needs to set the draft distribution exactly.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ import torch
 
 from specgraft.composers.graft import GraftComposer, GraftConfig
 from specgraft.config import GenerationConfig, SamplingConfig
-from specgraft.drafters.draft_model import PRESETS, DraftLM, DraftModelDrafter, DraftTreeConfig, best_first, trim
+from specgraft.drafters.draft_model import PRESETS, DraftModelDrafter, DraftTreeConfig, best_first, trim
 from specgraft.engine import SpecEngine
-from specgraft.methods_graft import GraftOptions, build_graft_method
+from specgraft.methods.graft import GraftOptions, build_graft_method
 from specgraft.models.hf import HFTarget
 from specgraft.types import DraftTree, StepResult
 from specgraft.verify import verify_rejection
 
 from tests.conftest import TINY_MODELS, tiny_llama
+from tests.stubs import TableLM, begin, sampling_config
 from tests.test_greedy_lossless import hf_greedy, make_prompts
 from tests.test_sampling_stats import PROMPT, SyntheticTarget, node_pairs, tv_bound
 
@@ -45,90 +46,61 @@ def perturbed(model: torch.nn.Module, scale: float = 0.1, seed: int = 7) -> torc
     return draft
 
 
-class TableLM:
-    """Draft-model stub: the logits of a row are ``fn(path)`` for the row's full token path."""
-
-    def __init__(self, fn: Callable[[tuple[int, ...]], torch.Tensor], vocab_size: int):
-        self.fn = fn
-        self.vocab_size = vocab_size
-        self.committed: list[int] = []
-        self.paths: list[tuple[int, ...]] = []
-        self.forwards = 0
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.committed, self.paths = list(prompt[:-1]), []
-
-    def room(self, context: Sequence[int]) -> int:
-        return 1 << 20
-
-    def start(self, context: Sequence[int]) -> torch.Tensor:
-        self.forwards += 1
-        self.committed = list(context[:-1])
-        self.paths = [tuple(context)]
-        return self.fn(self.paths[0])
-
-    def expand(self, tokens: Sequence[int], parent_rows: Sequence[int]) -> torch.Tensor:
-        self.forwards += 1
-        new = [self.paths[r] + (int(t),) for t, r in zip(tokens, parent_rows, strict=True)]
-        self.paths += new
-        return torch.stack([self.fn(p) for p in new])
-
-    def commit(self, path_rows: Sequence[int]) -> None:
-        self.paths = []
-
-    def discard(self) -> None:
-        self.paths = []
-
-
 # ---- the draft model's cache --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("arch", sorted(TINY_MODELS))
-def test_draft_lm_rows_equal_plain_forwards(arch):
+def test_incremental_rows_equal_plain_forwards(arch):
+    """The one adapter, fed row by row as the draft model is: each row's logits equal a plain
+    forward of its path; commit keeps a chain; the next rows catch up in one forward."""
     model = TINY_MODELS[arch]()
-    lm = DraftLM(model)
+    lm = HFTarget(model)
     prompt = [5, 7, 9, 11, 13]
 
     def plain(tokens):
         with torch.no_grad():
             return model(torch.tensor([tokens])).logits[0, -1]
 
-    lm.begin(prompt)
-    torch.testing.assert_close(lm.start(prompt), plain(prompt))
-    rows = lm.expand([20, 21], [0, 0])
+    slot = lm.allocate()
+    lm.prefill(slot, prompt[:-1])
+    torch.testing.assert_close(lm.forward_rows(slot, [13], [-1]).logits[0], plain(prompt))
+    rows = lm.forward_rows(slot, [20, 21], [0, 0]).logits
     torch.testing.assert_close(rows[1], plain(prompt + [21]))
-    rows = lm.expand([30, 31], [2, 1])
+    rows = lm.forward_rows(slot, [30, 31], [2, 1]).logits
     torch.testing.assert_close(rows[0], plain(prompt + [21, 30]))
     torch.testing.assert_close(rows[1], plain(prompt + [20, 31]))
-    lm.commit([2, 3])  # root 13, then 21, 30 accepted
-    assert lm.committed == prompt + [21, 30] and lm.hf.past_len == 7
-    # the next root comes with two accepted tokens the draft never fed: caught up in one forward
+    lm.commit(slot, [0, 2, 3])  # root 13, then 21, 30 accepted
+    assert lm.length(slot) == 7
+    # the next root comes with two accepted tokens never fed: caught up in one forward (a chain)
     ctx = prompt + [21, 30, 40, 41, 42]
-    torch.testing.assert_close(lm.start(ctx), plain(ctx))
-    assert lm.committed == ctx[:-1]
-    # a context that does not continue the cached one starts over
-    other = [9, 9, 9]
-    torch.testing.assert_close(lm.start(other), plain(other))
-    assert lm.committed == [9, 9]
+    torch.testing.assert_close(lm.forward_rows(slot, [40, 41, 42], [-1, 0, 1]).logits[-1], plain(ctx))
+    with pytest.raises(ValueError, match="not ascending rows"):
+        lm.commit(slot, [1, 0])
 
 
 def test_draft_cache_stays_in_step_with_the_target():
-    """After a generation the draft cache equals a fresh prefill of the committed tokens."""
+    """After a generation the draft slot equals a fresh prefill of the committed tokens."""
     model = tiny_llama()
     draft = perturbed(model)
     drafter = DraftModelDrafter(draft, DraftTreeConfig(depth=3, top_k=3), target_vocab=96)
     engine = SpecEngine(HFTarget(model), [drafter], GraftComposer(GraftConfig(variant="draft-tree")))
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
-    out = engine.generate_ids(prompt, GenerationConfig(max_new_tokens=30, budget=12))
-    assert engine.last_stats.mat > 1.5, "drafts must be accepted for this test to mean anything"
-    lm = drafter.lm
-    context = prompt + out
-    assert len(prompt) <= len(lm.committed) < len(context) and lm.committed == context[: len(lm.committed)]
+    seq = engine.start(prompt, GenerationConfig(max_new_tokens=30, budget=12))
+    while not seq.done:
+        engine.step(seq)
+    assert seq.stats.mat > 1.5, "drafts must be accepted for this test to mean anything"
+    lm, state = drafter.lm, seq.drafter_states[0]
+    committed = lm.length(state.slot)
+    context = seq.context
+    assert len(prompt) <= committed < len(context)
     fresh = HFTarget(draft)
-    fresh.prefill(lm.committed)
-    for got, want in zip(lm.hf.cache.layers, fresh.cache.layers, strict=True):
-        torch.testing.assert_close(got.keys, want.keys)
-        torch.testing.assert_close(got.values, want.values)
+    slot = fresh.allocate()
+    fresh.prefill(slot, context[:committed])
+    for got, want in zip(lm.cache.layers, fresh.cache.layers, strict=True):
+        torch.testing.assert_close(got.keys[state.slot, :, :committed], want.keys[slot, :, :committed])
+        torch.testing.assert_close(got.values[state.slot, :, :committed], want.values[slot, :, :committed])
+    engine.finish(seq)
+    assert lm.cache.free and state.slot in lm.cache.free, "finishing frees the draft model's slot"
 
 
 # ---- the tree's shape ---------------------------------------------------------------------
@@ -146,11 +118,11 @@ def docstring_table(path: tuple[int, ...]) -> torch.Tensor:
 def test_eagle2_tree_matches_the_docstring_example():
     lm = TableLM(docstring_table, 8)
     drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=2))
-    drafter.begin([0], None)
-    pool = drafter.draft_pool([0])
+    state = begin(drafter, [0])
+    pool = drafter.draft_pool(state, [0])
     assert lm.forwards == 2, "one draft forward per depth"
     assert pool.tokens == [1, 2, 3, 4, 5, 6] and pool.parents == [-1, -1, 0, 0, 1, 1] and pool.layer_sizes == [2, 4]
-    draft = drafter.propose([0], budget=4)
+    draft = drafter.propose(state, [0], budget=4)
     assert draft.tokens == [1, 2, 3, 5] and draft.parents == [-1, -1, 0, 1]
     assert draft.draft_probs is None, "deterministic top-k children carry no draft_probs"
 
@@ -178,9 +150,9 @@ def test_gates_stop_drafting():
     lm = TableLM(peaked_table(0.5, vocab=64), 64)
     for thresholds, stage, forwards in [((0.6, 0.0, 0.0), 0, 1), ((0.4, 0.3, 0.0), 1, 2), ((0.4, 0.2, 0.2), 2, 3), ((0.4, 0.2, 0.1), None, 4)]:
         drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=4, top_k=3, checkpoints=(0, 1, 2), thresholds=thresholds))
-        drafter.begin([1, 2], None)
+        state = begin(drafter, [1, 2])
         lm.forwards = 0
-        draft = drafter.draft_pool([1, 2])
+        draft = drafter.draft_pool(state, [1, 2])
         assert draft.stage == stage and lm.forwards == forwards
         assert len(draft.layer_sizes) == forwards
         assert draft.confidences == pytest.approx([0.5, 0.25, 0.125][: len(draft.confidences)])
@@ -208,7 +180,7 @@ def test_vocabulary_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match="vocabulary has 80 tokens but the target's has 96"):
         DraftModelDrafter(draft, target_vocab=96)
     with pytest.raises(ValueError, match="vocabulary"):
-        build_graft_method("draft-tree", 96, GraftOptions(), draft_model=draft)
+        build_graft_method("draft-tree", HFTarget(tiny_llama()), GraftOptions(), draft_model=draft)
 
 
 def test_presets_and_config_validation():
@@ -230,8 +202,9 @@ def test_draft_tree_greedy_equals_plain_decoding(arch):
     model = TINY_MODELS[arch]()
     draft = perturbed(model)
     vocab = model.config.vocab_size
-    drafters, composer = build_graft_method("draft-tree", vocab, GraftOptions(), draft_model=draft)
-    engine = SpecEngine(HFTarget(model), drafters, composer, method="draft-tree")
+    target = HFTarget(model)
+    drafters, composer = build_graft_method("draft-tree", target, GraftOptions(), draft_model=draft)
+    engine = SpecEngine(target, drafters, composer, method="draft-tree")
     config = GenerationConfig(max_new_tokens=MAX_NEW, budget=16)
     mats = []
     for prompt, _ in make_prompts(N_PROMPTS, vocab):
@@ -247,24 +220,40 @@ def test_draft_tree_greedy_equals_plain_decoding(arch):
 def test_sampled_drafts_carry_their_distribution_and_are_seeded():
     model = tiny_llama()
     draft = perturbed(model)
+    target = HFTarget(model)
     options = GraftOptions(sample_drafts=True, seed=3)
-    drafters, composer = build_graft_method("draft-tree", 96, options, draft_model=draft)
+    drafters, composer = build_graft_method("draft-tree", target, options, draft_model=draft)
     drafter = drafters[0]
-    drafter.begin([4, 5, 6], None)
-    d = drafter.propose([4, 5, 6], budget=12)
-    assert d.scores is None and d.draft_probs is not None and d.draft_probs.shape == (len(d), 96)
+    state = begin(drafter, [4, 5, 6], sampling_config(1.0))
+    d = drafter.propose(state, [4, 5, 6], budget=12)
+    assert d.scores is None and d.draft_probs is not None and d.draft_probs.shape[1] == 96
+    assert d.draft_probs.shape[0] < len(d), "one q row per expanded parent, not per node"
     for i, p in enumerate(d.parents):
-        assert float(d.draft_probs[i, d.tokens[i]]) > 0
+        assert float(d.draft_probs[d.prob_rows[i], d.tokens[i]]) > 0
         siblings = [j for j, q in enumerate(d.parents) if q == p]
-        assert all(torch.equal(d.draft_probs[j], d.draft_probs[i]) for j in siblings), "siblings share one q row"
-    assert torch.allclose(d.draft_probs.sum(-1), torch.ones(len(d)), atol=1e-4)
+        assert all(d.prob_rows[j] == d.prob_rows[i] for j in siblings), "siblings share one q row"
+    assert torch.allclose(d.draft_probs.sum(-1), torch.ones(d.draft_probs.shape[0]), atol=1e-4)
+    # a greedy generation drafts the top-k even with sampled drafts configured
+    greedy = begin(drafter, [4, 5, 6], GenerationConfig())
+    assert drafter.propose(greedy, [4, 5, 6], budget=12).draft_probs is None
 
-    engine = SpecEngine(HFTarget(model), drafters, composer, method="draft-tree")
+    engine = SpecEngine(target, drafters, composer, method="draft-tree")
     config = GenerationConfig(max_new_tokens=20, budget=12, sampling=SamplingConfig(temperature=1.0, seed=11))
     prompt = [5, 6, 7, 5, 6, 7, 5]
     first = engine.generate_ids(prompt, config)
     assert engine.generate_ids(prompt, config) == first, "same seeds, same output"
     assert engine.last_stats.steps < 20, "rejection sampling must accept some sampled draft nodes"
+
+
+def test_sampled_drafts_follow_the_generation_sampling_config():
+    """q is the draft's distribution processed like the target's (top-k here): a token outside
+    the draft row's top 2 is never drawn, and q is 0 there."""
+    lm = TableLM(peaked_table(0.4, vocab=16), 16)
+    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=4, sample=True))
+    state = begin(drafter, [3, 4], sampling_config(1.0, top_k=2))
+    d = drafter.propose(state, [3, 4], budget=64)
+    assert all(int((row > 0).sum()) == 2 for row in d.draft_probs)
+    assert all(float(d.draft_probs[d.prob_rows[i], t]) > 0 for i, t in enumerate(d.tokens))
 
 
 def random_table(vocab: int, seed: int) -> Callable[[tuple[int, ...]], torch.Tensor]:
@@ -274,16 +263,22 @@ def random_table(vocab: int, seed: int) -> Callable[[tuple[int, ...]], torch.Ten
     return lambda path: table[path[-2], path[-1]]
 
 
-def sample_sequences(target: SyntheticTarget, make_tree, n: int, length: int, seed: int) -> tuple[Counter, float]:
+def sample_sequences(
+    target: SyntheticTarget, make_tree, n: int, length: int, seed: int, new_sequence=None
+) -> tuple[Counter, float]:
     """``n`` speculative generations of ``length`` tokens with ``verify_rejection``; (counts, tokens/step).
 
-    ``make_tree(context) -> (DraftTree, observers)``; every observer sees each step.
+    ``make_tree(context) -> (DraftTree, observers)``; every observer, a ``(drafter, state)``
+    pair, sees each step. ``new_sequence()`` (if given) runs before each generation (drafters
+    begin their per-sequence states there).
     """
     gen = torch.Generator().manual_seed(seed)
     counts: Counter = Counter()
     steps = 0
     for _ in range(n):
         out = list(PROMPT)
+        if new_sequence is not None:
+            new_sequence()
         while len(out) - len(PROMPT) < length:
             tree, observers = make_tree(out)
             root = (out[-2], out[-1])
@@ -291,8 +286,8 @@ def sample_sequences(target: SyntheticTarget, make_tree, n: int, length: int, se
             result = verify_rejection(tree, logits, target.sampling, gen)
             step = StepResult(root_token=out[-1], tree=tree, verify=result, logits=logits, context=out)
             out += step.new_tokens
-            for o in observers:
-                o.observe(step)
+            for drafter, state in observers:
+                drafter.observe(state, step)
             steps += 1
         counts[tuple(out[len(PROMPT) : len(PROMPT) + length])] += 1
     return counts, n * length / steps
@@ -306,20 +301,34 @@ def total_variation(counts: Counter, law: dict, n: int) -> float:
 N_STAT = 3000
 
 
+def sampled_drafter(lm: TableLM, config: DraftTreeConfig) -> tuple[DraftModelDrafter, dict, "Callable[[], None]"]:
+    """A sampling drafter, a holder of its current state, and ``new_sequence`` for :func:`sample_sequences`."""
+    drafter = DraftModelDrafter(lm, config)
+    holder: dict = {}
+
+    def new_sequence() -> None:
+        if "state" in holder:
+            drafter.end(holder["state"])
+        holder["state"] = begin(drafter, PROMPT, sampling_config(1.0))
+
+    return drafter, holder, new_sequence
+
+
+def as_tree(d) -> DraftTree:
+    return DraftTree(tokens=d.tokens, parents=d.parents, sources=["draft"] * len(d), draft_probs=d.draft_probs, prob_rows=d.prob_rows)
+
+
 def test_sampled_draft_tree_matches_target_law():
     """Statistical losslessness of rejection sampling over the drafter's sampled trees (bound as
     in ``test_sampling_stats.py``): depth 2, budget cuts, a V = 4 synthetic target."""
     target = SyntheticTarget(SamplingConfig(temperature=1.0), seed=2)
     law = target.exact_law()
-    lm = TableLM(random_table(4, seed=5), 4)
-    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=3, sample=True, seed=1))
-    drafter.begin(list(PROMPT), None)
+    drafter, holder, new_sequence = sampled_drafter(TableLM(random_table(4, seed=5), 4), DraftTreeConfig(depth=2, top_k=3, sample=True, seed=1))
 
     def make_tree(context):
-        d = drafter.propose(context, budget=5)
-        return DraftTree(tokens=d.tokens, parents=d.parents, sources=["draft"] * len(d), draft_probs=d.draft_probs), [drafter]
+        return as_tree(drafter.propose(holder["state"], context, budget=5)), [(drafter, holder["state"])]
 
-    counts, per_step = sample_sequences(target, make_tree, N_STAT, 3, seed=4)
+    counts, per_step = sample_sequences(target, make_tree, N_STAT, 3, seed=4, new_sequence=new_sequence)
     tv, bound = total_variation(counts, law, N_STAT), tv_bound(law, N_STAT)
     assert per_step > 1.3, f"sampled drafts must be accepted often ({per_step:.2f} tokens/step)"
     assert tv <= bound, f"TV {tv:.4f} exceeds the derived bound {bound:.4f}"
@@ -330,19 +339,15 @@ def test_value_dependent_cut_of_sampled_children_is_caught():
     biases rejection sampling, and the same bound catches it."""
     target = SyntheticTarget(SamplingConfig(temperature=1.0), seed=2)
     law = target.exact_law()
-    lm = TableLM(random_table(4, seed=5), 4)
-    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=1, top_k=4, sample=True, seed=1))
-    drafter.begin(list(PROMPT), None)
+    drafter, holder, new_sequence = sampled_drafter(TableLM(random_table(4, seed=5), 4), DraftTreeConfig(depth=1, top_k=4, sample=True, seed=1))
 
     def make_tree(context):
-        pool = drafter.propose(context, budget=1 << 10)
-        log_q = [float(pool.draft_probs[i, t].log()) for i, t in enumerate(pool.tokens)]
+        pool = drafter.propose(holder["state"], context, budget=1 << 10)
+        log_q = [float(pool.draft_probs[pool.prob_rows[i], t].log()) for i, t in enumerate(pool.tokens)]
         # WRONG: keep the single most likely sampled child
-        keep = best_first(pool.parents, log_q, 1)
-        d = pool.subset(keep)
-        return DraftTree(tokens=d.tokens, parents=d.parents, sources=["draft"] * len(d), draft_probs=d.draft_probs), [drafter]
+        return as_tree(pool.subset(best_first(pool.parents, log_q, 1))), [(drafter, holder["state"])]
 
-    counts, _ = sample_sequences(target, make_tree, N_STAT, 3, seed=4)
+    counts, _ = sample_sequences(target, make_tree, N_STAT, 3, seed=4, new_sequence=new_sequence)
     tv, bound = total_variation(counts, law, N_STAT), tv_bound(law, N_STAT)
     assert tv > bound, f"a biased cut passed (TV {tv:.4f} <= bound {bound:.4f}); the test has no teeth"
 
@@ -350,8 +355,8 @@ def test_value_dependent_cut_of_sampled_children_is_caught():
 def test_trim_keeps_prefixes_of_sampled_children():
     lm = TableLM(random_table(4, seed=5), 4)
     drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=3, top_k=3, sample=True))
-    drafter.begin([0, 1], None)
-    pool = drafter.draft_pool([0, 1])
+    state = begin(drafter, [0, 1], sampling_config(1.0))
+    pool = drafter.draft_pool(state, [0, 1])
     for n in range(len(pool) + 1):
         kept = trim(pool, n)
-        assert kept.tokens == pool.tokens[:n] and kept.parents == pool.parents[:n]
+        assert kept.tokens == pool.tokens[:n] and kept.parents == pool.parents[:n] and kept.prob_rows == pool.prob_rows[:n]

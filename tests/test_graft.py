@@ -14,35 +14,24 @@ import numpy as np
 import pytest
 import torch
 
-from specgraft.calibrate import (
-    CALIBRATED_VARIANTS,
-    Calibration,
-    choose_thresholds,
-    load_calibration,
-    run_calibration,
-    save_calibration,
-)
-from specgraft.composers.graft import (
-    VARIANTS,
-    GraftConfig,
-    GraftRetrieval,
-    StagePlanner,
-    envelope_part,
-    plan_budget,
-)
+from specgraft.calibration import CALIBRATED_VARIANTS, Calibration, load_calibration, run_calibration, save_calibration
+from specgraft.calibration.fit import choose_thresholds
+from specgraft.composers.graft import VARIANTS, GraftComposer, GraftConfig, StagePlanner, plan_budget
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.draft_model import PRESETS, DraftModelDrafter, DraftTreeConfig, ModelDraft
+from specgraft.drafters.graft_retrieval import GraftRetrieval
 from specgraft.drafters.recycling import SuccessorMatrix
 from specgraft.engine import SpecEngine
-from specgraft.methods import METHODS, MethodOptions
-from specgraft.methods_graft import GRAFT_METHODS, GraftOptions, build_graft_method
+from specgraft.methods import GRAFT_METHODS, METHODS, GraftOptions, MethodOptions
+from specgraft.methods.graft import build_graft_method
 from specgraft.models.hf import HFTarget
 from specgraft.tree.build import merge_drafts
 from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, rank_template
 from specgraft.types import Draft
 
 from tests.conftest import TINY_MODELS, tiny_llama, tiny_tokenizer
-from tests.test_draft_tree import TableLM, peaked_table, perturbed
+from tests.stubs import TableLM, begin, sampling_config
+from tests.test_draft_tree import peaked_table, perturbed
 from tests.test_greedy_lossless import hf_greedy, make_prompts
 
 MAX_NEW = 24
@@ -62,19 +51,22 @@ class StageRecorder:
         self.needs_hidden = inner.needs_hidden
         self.stages: Counter = Counter()
 
-    def begin(self, prompt, prefill_topk) -> None:
-        self.inner.begin(prompt, prefill_topk)
+    def prefill_request(self):
+        return self.inner.prefill_request()
 
-    def prefill_topk_k(self) -> int:
-        return self.inner.prefill_topk_k()
+    def begin(self, prompt, prefill, config):
+        return self.inner.begin(prompt, prefill, config)
 
-    def propose(self, context, budget):
-        draft = self.inner.propose(context, budget)
+    def propose(self, state, context, budget):
+        draft = self.inner.propose(state, context, budget)
         self.stages[draft.stage] += 1
         return draft
 
-    def observe(self, step) -> None:
-        self.inner.observe(step)
+    def observe(self, state, step) -> None:
+        self.inner.observe(state, step)
+
+    def end(self, state) -> None:
+        self.inner.end(state)
 
 
 # ---- templates and stage splits -----------------------------------------------------------
@@ -111,9 +103,10 @@ def test_envelope_part_equals_filling_the_stage_template():
     for budget in (24, 60):
         plan = planner.plan(budget)
         for root in range(50):
-            envelope = retrieval.propose([root], budget)
+            envelope = retrieval.propose(begin(retrieval, [root]), [root], budget)
             for stage, template in enumerate(plan.stage_templates):
-                part = envelope_part(envelope, plan.stage_nodes[stage])
+                in_stage = set(plan.stage_nodes[stage].tolist())
+                part = envelope.subset([i for i, t in enumerate(envelope.template_nodes) if t in in_stage])
                 toks, pars = matrix.fill_template(root, template)
                 assert paths(part.tokens, part.parents) == paths(toks, pars)
 
@@ -134,10 +127,18 @@ def stub_method(variant: str, preset: str, thresholds):
     retrieved nodes never coincide with draft nodes, so the counts below are exact."""
     lm = TableLM(peaked_table(0.5, STUB_VOCAB, 0, 2048), STUB_VOCAB)
     options = GraftOptions(preset=preset, thresholds=thresholds)
-    drafters, composer = build_graft_method(variant, STUB_VOCAB, options, draft_model=lm)
-    matrix = composer.matrix
-    matrix.table[:] = 2048 + (np.arange(STUB_VOCAB)[:, None] * 8 + np.arange(8)) % 2048
+    drafters, composer = build_graft_method(variant, Vocab(STUB_VOCAB), options, draft_model=lm)
+    if len(drafters) > 1:
+        drafters[1].matrix.table[:] = 2048 + (np.arange(STUB_VOCAB)[:, None] * 8 + np.arange(8)) % 2048
     return drafters, composer
+
+
+class Vocab:
+    """What building a Graft method reads of a target, for a stub draft model: its vocabulary and device."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.device = torch.device("cpu")
 
 
 @pytest.mark.parametrize("preset", ["gpu", "cpu"])
@@ -151,9 +152,7 @@ def test_each_stage_yields_its_split(preset):
     for variant in VARIANTS:
         for want_stage, thresholds in gates.items():
             drafters, composer = stub_method(variant, preset, thresholds)
-            for d in drafters:
-                d.begin(context, None)
-            drafts = [d.propose(context, budget) for d in drafters]
+            drafts = [d.propose(begin(d, context), context, budget) for d in drafters]
             tree = composer.build(drafts, budget)
             split = Counter(tree.sources)
             stage = {"graft-fixed": 1, "graft-root": 2, "graft-tail": 2}.get(variant, want_stage if variant in ("graft", "graft-prune") else None)
@@ -174,13 +173,14 @@ def test_each_stage_yields_its_split(preset):
 # ---- losslessness -------------------------------------------------------------------------
 
 
-def median_confidences(draft_model, prompts, temperature: float) -> tuple[float, ...]:
+def median_confidences(draft_model, prompts) -> tuple[float, ...]:
     """Median ``c_d`` at the cpu preset's checkpoints: thresholds that make every stage occur."""
-    drafter = DraftModelDrafter(draft_model, DraftTreeConfig(depth=3, top_k=4, checkpoints=PRESETS["cpu"].checkpoints, temperature=temperature))
+    drafter = DraftModelDrafter(draft_model, DraftTreeConfig(depth=3, top_k=4, checkpoints=PRESETS["cpu"].checkpoints))
     conf = []
     for prompt, _ in prompts:
-        drafter.begin(prompt, None)
-        conf.append(drafter.draft_pool(prompt).confidences)
+        state = begin(drafter, prompt)
+        conf.append(drafter.draft_pool(state, prompt).confidences)
+        drafter.end(state)
     return tuple(float(x) for x in np.median(np.array(conf), axis=0))
 
 
@@ -191,15 +191,14 @@ def test_graft_variants_greedy_equal_plain_decoding(arch):
     vocab = model.config.vocab_size
     prompts = make_prompts(N_PROMPTS, vocab)
     references = [hf_greedy(model, p, MAX_NEW) for p, _ in prompts]
-    # a sharpened draft distribution spreads the tiny models' confidences over (0, 1)
-    temperature = 0.1
-    thresholds = median_confidences(draft, prompts, temperature)
+    thresholds = median_confidences(draft, prompts)
     config = GenerationConfig(max_new_tokens=MAX_NEW, budget=16)
+    target = HFTarget(model)
     for variant in GRAFT_ONLY:
-        options = GraftOptions(depth=3, top_k=4, thresholds=thresholds, draft_temperature=temperature)
-        drafters, composer = build_graft_method(variant, vocab, options, draft_model=draft)
+        options = GraftOptions(depth=3, top_k=4, thresholds=thresholds)
+        drafters, composer = build_graft_method(variant, target, options, draft_model=draft)
         recorder = StageRecorder(drafters[0])
-        engine = SpecEngine(HFTarget(model), [recorder, *drafters[1:]], composer, method=variant)
+        engine = SpecEngine(target, [recorder, *drafters[1:]], composer, method=variant)
         mats = []
         accepted, proposed = Counter(), Counter()
         for (prompt, _), reference in zip(prompts, references, strict=True):
@@ -224,40 +223,44 @@ def test_graft_variants_greedy_equal_plain_decoding(arch):
 def test_graft_sampling_is_seeded_and_uses_rejection():
     model = tiny_llama()
     draft = perturbed(model)
-    options = GraftOptions(sample_drafts=True, thresholds=(0.02, 0.001, 0.0), seed=5)
+    target = HFTarget(model)
+    options = GraftOptions(sample_drafts=True, thresholds=(0.0, 1.0, 1.0), seed=5)  # every step prunes after depth 1
     config = GenerationConfig(max_new_tokens=20, budget=16, sampling=SamplingConfig(temperature=1.0, seed=2))
     prompt = [7, 8, 9, 7, 8, 9, 7, 8]
-    outputs = []
-    for _ in range(2):
-        # fresh methods: the successor matrix keeps learning across generations of one method
-        drafters, composer = build_graft_method("graft", 96, options, draft_model=draft)
-        engine = SpecEngine(HFTarget(model), drafters, composer, method="graft")
-        outputs.append(engine.generate_ids(prompt, config))
-    assert outputs[0] == outputs[1], "same seeds and state, same output"
-    drafts = [d.propose(prompt, 16) for d in drafters]
+    drafters, composer = build_graft_method("graft", target, options, draft_model=draft)
+    engine = SpecEngine(target, drafters, composer, method="graft")
+    outputs = [engine.generate_ids(prompt, config) for _ in range(2)]
+    assert outputs[0] == outputs[1], "same seeds, same output: what a request learns starts afresh in the next"
+    # steps in, until the sequence's matrix knows the root's row (retrieval then offers nodes)
+    seq = engine.start(prompt, config)
+    for _ in range(12):
+        engine.step(seq)
+        drafts = [d.propose(state, seq.context, 16) for d, state in zip(drafters, seq.drafter_states, strict=True)]
+        if len(drafts[1]):
+            break
     tree = composer.build(drafts, 16)
-    assert tree.draft_probs is not None
+    engine.finish(seq)
+    assert tree.draft_probs is not None and any(r >= 0 for r in tree.prob_rows), "sampled draft nodes keep their q rows"
     retrieved = [i for i, s in enumerate(tree.sources) if s == "retrieval"]
-    assert retrieved and all(bool(torch.isnan(tree.draft_probs[i]).all()) for i in retrieved), "retrieved nodes: NaN rows"
+    assert retrieved and all(tree.prob_rows[i] == -1 for i in retrieved), "retrieved nodes: sample-and-match (row -1)"
 
 
 def test_parents_of_retrieved_nodes_fall_back_to_sample_and_match():
-    q = torch.tensor([0.5, 0.2, 0.2, 0.1])
-    sampled = ModelDraft(source="draft", tokens=[0, 1, 2], parents=[-1, -1, 0], draft_probs=torch.stack([q, q, q]))
+    q = torch.tensor([[0.5, 0.2, 0.2, 0.1]])
+    sampled = ModelDraft(source="draft", tokens=[0, 1, 2], parents=[-1, -1, 0], draft_probs=q, prob_rows=[0, 0, 0])
     # a retrieved root child that repeats a sampled one, and a new child under node 1
     retrieved = Draft(source="retrieval", tokens=[1, 3], parents=[-1, 0])
     tree = merge_drafts([sampled, retrieved], 8)
     assert tree.tokens == [0, 1, 2, 3] and tree.parents == [-1, -1, 0, 1]
-    nan = [bool(torch.isnan(r).all()) for r in tree.draft_probs]
-    assert nan == [True, True, False, True], "root children and node 1's child: sample-and-match; node 0's child keeps q"
+    assert tree.prob_rows == [-1, -1, 0, -1], "root children and node 1's child: sample-and-match; node 0's child keeps q"
     # TAIL: a draft anchored at the path 0 -> 2 changes nothing above the node it hangs from
     tail = Draft(source="retrieval", tokens=[3], parents=[-1], anchor=(0, 2))
     tree = merge_drafts([sampled, tail], 8)
     assert tree.tokens == [0, 1, 2, 3] and tree.parents == [-1, -1, 0, 2]
-    assert [bool(torch.isnan(r).all()) for r in tree.draft_probs] == [False, False, False, True]
+    assert tree.prob_rows == [0, 0, 0, -1]
     # an offer that is never admitted still decides the rule (here: no budget left for it)
     tree = merge_drafts([sampled], 3, offers=[Draft(source="retrieval", tokens=[3], parents=[-1], anchor=(0,))])
-    assert [bool(torch.isnan(r).all()) for r in tree.draft_probs] == [False, False, True]
+    assert tree.prob_rows == [0, 0, -1]
     # an anchor path the tree does not hold: the draft is dropped
     assert merge_drafts([sampled, Draft("retrieval", [3], [-1], anchor=(3, 3))], 8).tokens == [0, 1, 2]
 
@@ -289,7 +292,8 @@ def test_choose_thresholds_prunes_only_when_it_pays():
 
 def make_calibration(vocab: int = 96) -> Calibration:
     matrix = SuccessorMatrix(vocab, k=8)
-    matrix.table[:] = np.random.default_rng(1).integers(0, vocab, size=(vocab, 8))
+    rng = np.random.default_rng(1)
+    matrix.table[:] = np.stack([rng.permutation(vocab)[:8] for _ in range(vocab)])
     return Calibration(
         checkpoints=PRESETS["cpu"].checkpoints,
         thresholds={"graft": (0.1, 0.2, 0.3), "graft-prune": (0.0, 0.05, 0.5)},
@@ -311,22 +315,23 @@ def test_calibration_round_trip_and_use(tmp_path):
     # a method built from the file uses its thresholds and its matrix
     draft = tiny_llama()
     for variant in ("graft", "graft-prune"):
-        drafters, composer = build_graft_method(variant, 96, GraftOptions(calibration=str(path)), draft_model=draft)
+        drafters, composer = build_graft_method(variant, Vocab(96), GraftOptions(calibration=str(path)), draft_model=draft)
         assert drafters[0].config.thresholds == cal.thresholds[variant]
-    assert np.array_equal(composer.matrix.table, cal.matrix.table)
-    drafters, _ = build_graft_method("graft", 96, GraftOptions(calibration=str(path), thresholds=(0.5, 0.5, 0.5)), draft_model=draft)
+    drafters, _ = build_graft_method("graft", Vocab(96), GraftOptions(calibration=str(path)), draft_model=draft)
+    assert np.array_equal(drafters[1].matrix.table, cal.matrix.table), "the retrieval drafter shares the calibration's matrix"
+    drafters, _ = build_graft_method("graft", Vocab(96), GraftOptions(calibration=str(path), thresholds=(0.5, 0.5, 0.5)), draft_model=draft)
     assert drafters[0].config.thresholds == (0.5, 0.5, 0.5)
 
 
 def test_calibration_file_errors(tmp_path):
     draft = tiny_llama()
     with pytest.raises(ValueError, match="does not exist"):
-        build_graft_method("graft", 96, GraftOptions(calibration=str(tmp_path / "missing.json")), draft_model=draft)
+        build_graft_method("graft", Vocab(96), GraftOptions(calibration=str(tmp_path / "missing.json")), draft_model=draft)
     path = save_calibration(make_calibration(), tmp_path / "c.json")
     with pytest.raises(ValueError, match="vocabulary is 90"):
         load_calibration(path, vocab_size=90)
     with pytest.raises(ValueError, match="made for checkpoints"):
-        build_graft_method("graft", 96, GraftOptions(calibration=str(path), preset="gpu"), draft_model=draft)
+        build_graft_method("graft", Vocab(96), GraftOptions(calibration=str(path), preset="gpu"), draft_model=draft)
     with pytest.raises(ValueError, match=r"\.json name"):
         save_calibration(make_calibration(), tmp_path / "c.npz")
     bad = tmp_path / "bad.json"
@@ -375,7 +380,7 @@ def test_run_calibration_end_to_end(tmp_path):
     assert (cal.matrix.table[:, 0] >= 0).sum() > 10, "the warm-up must fill matrix rows"
     path = save_calibration(cal, tmp_path / "tiny.json")
     # a method built from the file stays lossless
-    drafters, composer = build_graft_method("graft", 96, GraftOptions(calibration=str(path), depth=3, top_k=3), draft_model=draft)
+    drafters, composer = build_graft_method("graft", target, GraftOptions(calibration=str(path), depth=3, top_k=3), draft_model=draft)
     assert drafters[0].config.thresholds == cal.thresholds["graft"]
     engine = SpecEngine(target, drafters, composer, method="graft")
     prompt = prompts[0]
@@ -386,7 +391,7 @@ def test_calibrate_command(tmp_path, tiny_model_dir):
     import typer
     from typer.testing import CliRunner
 
-    from specgraft.calibrate_cli import calibrate
+    from specgraft.cli.calibrate import calibrate
 
     app = typer.Typer()
     app.command()(calibrate)
@@ -420,25 +425,26 @@ def test_registry_entries_build_from_method_options(tiny_model_dir):
     assert sorted(m for m in METHODS if METHODS[m].needs_draft_model) == sorted(GRAFT_METHODS) == sorted(VARIANTS)
     options = MethodOptions(graft=GraftOptions(draft_model=tiny_model_dir, draft_dtype="float32"))
     model = tiny_llama()
-    drafters, composer = METHODS["graft"].build(96, options)
-    again, _ = METHODS["graft-tail"].build(96, options)
-    assert drafters[0].lm.hf.model is again[0].lm.hf.model, "decoders alive together share the loaded draft model"
-    engine = SpecEngine(HFTarget(model), drafters, composer, method="graft")
+    target = HFTarget(model)
+    drafters, composer = METHODS["graft"].build(target, options)
+    again, _ = METHODS["graft-tail"].build(target, options)
+    assert drafters[0].lm.model is again[0].lm.model, "decoders alive together share the loaded draft model"
+    engine = SpecEngine(target, drafters, composer, method="graft")
     prompt = [5, 6, 7, 5, 6, 7]
     assert engine.generate_ids(prompt, GenerationConfig(max_new_tokens=12, budget=16)) == hf_greedy(model, prompt, 12)
     with pytest.raises(ValueError, match="needs a draft model"):
-        METHODS["draft-tree"].build(96, MethodOptions())
+        METHODS["draft-tree"].build(target, MethodOptions())
     # a loaded model passed to build is used as it is
     own = tiny_llama(seed=3)
-    drafters, _ = METHODS["draft-tree"].build(96, MethodOptions(), own)
-    assert drafters[0].lm.hf.model is own
+    drafters, _ = METHODS["draft-tree"].build(target, MethodOptions(), own)
+    assert drafters[0].lm.model is own
 
 
 def test_variant_names_are_validated():
     with pytest.raises(ValueError, match="unknown Graft variant"):
         GraftConfig(variant="graft-everything")
     with pytest.raises(ValueError, match="unknown Graft variant"):
-        build_graft_method("graft-everything", 96, GraftOptions(), draft_model=tiny_llama())
+        build_graft_method("graft-everything", Vocab(96), GraftOptions(), draft_model=tiny_llama())
 
 
 # ---- refilling freed slots ----------------------------------------------------------------
@@ -448,7 +454,6 @@ def refill_tree(refill_min_prior: float):
     """Stage 0 at K = 8 (1 draft node, 7 retrieved) where the draft's node repeats the root's
     rank-0 successor, so one retrieved node merges into it. Returns the tree, the plan, the
     envelope priors by rank path and the matrix."""
-    from specgraft.composers.graft import GraftComposer
     from specgraft.tree.templates import node_priors
 
     config = GraftConfig(variant="graft", refill_min_prior=refill_min_prior)
@@ -456,9 +461,10 @@ def refill_tree(refill_min_prior: float):
     matrix = SuccessorMatrix(64, k=8)
     matrix.table[:] = (np.arange(64)[:, None] * 8 + np.arange(8) + 13) % 64
     matrix.table[1] = [5, 6, 7, 8, 9, 10, 11, 12]
-    envelope = GraftRetrieval(64, planner, matrix).propose([0, 1], 8)
+    retrieval = GraftRetrieval(64, planner, matrix)
+    envelope = retrieval.propose(begin(retrieval, [0, 1]), [0, 1], 8)
     draft = ModelDraft(source="draft", tokens=[5], parents=[-1], scores=[0.0], stage=0)
-    tree = GraftComposer(config, planner, matrix).compose(draft, envelope, 8, stage=0)
+    tree = GraftComposer(config, planner).compose(draft, envelope, 8, stage=0)
     plan = planner.plan(8)
     prior = dict(zip(plan.envelope.rank_paths, node_priors(plan.envelope), strict=True))
     return tree, plan, prior, matrix

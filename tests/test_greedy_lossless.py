@@ -35,7 +35,7 @@ def make_prompts(n: int = 50, vocab: int = 96) -> list[tuple[list[int], bool]]:
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=model.device), attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=model.device),
             max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
         )
     return out[0, len(prompt):].tolist()
@@ -46,9 +46,10 @@ def test_greedy_equals_plain_decoding(arch):
     model = TINY_MODELS[arch]()
     vocab = model.config.vocab_size
     engines = {}
+    target = HFTarget(model)  # one adapter: every method's sequences get their own slots
     for name in ("ar", "pld", "recycling", "ptd"):
-        drafters, composer = get_method(name).build(vocab, MethodOptions())
-        engines[name] = SpecEngine(HFTarget(model), drafters, composer, method=name)
+        drafters, composer = get_method(name).build(target, MethodOptions())
+        engines[name] = SpecEngine(target, drafters, composer, method=name)
     config = GenerationConfig(max_new_tokens=MAX_NEW, budget=16)
     mats = {"pld": [], "recycling": [], "ptd": []}
     for prompt, repetitive in make_prompts(vocab=vocab):

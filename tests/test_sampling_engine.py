@@ -12,15 +12,19 @@ import pytest
 
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.engine import SpecEngine
-from specgraft.methods import MethodOptions, get_method
+from specgraft.methods import GraftOptions, MethodOptions, get_method
 from specgraft.models.hf import HFTarget
 
 from tests.conftest import TINY_MODELS
+from tests.test_draft_tree import perturbed
 
 
-def engine(model, name: str) -> SpecEngine:
-    drafters, composer = get_method(name).build(model.config.vocab_size, MethodOptions())
-    return SpecEngine(HFTarget(model), drafters, composer, method=name)
+def engine(model, name: str, draft_model=None) -> SpecEngine:
+    target = HFTarget(model)
+    # greedy drafts (no --sample-drafts): every node is verified by sample-and-match
+    options = MethodOptions(graft=GraftOptions(thresholds=(0.02, 0.01, 0.005)))
+    drafters, composer = get_method(name).build(target, options, draft_model)
+    return SpecEngine(target, drafters, composer, method=name)
 
 
 @pytest.mark.parametrize("arch", sorted(TINY_MODELS))
@@ -46,3 +50,21 @@ def test_seeded_sampling_equals_plain_sampling(arch, sampling):
         # the same seed twice gives the same output
         assert engines["pld"].generate_ids(prompt, config) == plain
     assert accepted > 0, "no drafted token was ever accepted; the test would not exercise speculation"
+
+
+@pytest.mark.parametrize("method", ["draft-tree", "graft", "graft-tail"])
+def test_deterministic_draft_trees_sample_exactly_like_plain_sampling(method):
+    """Draft-model trees with top-k (not sampled) drafts are verified by sample-and-match, one
+    target draw per emitted token: with the same seed they reproduce ``ar`` token for token."""
+    model = TINY_MODELS["llama"]()
+    draft = perturbed(model)
+    ar, spec = engine(model, "ar"), engine(model, method, draft)
+    rng = random.Random(3)
+    accepted = 0
+    for _ in range(5):
+        unit = [rng.randrange(3, 96) for _ in range(rng.randint(2, 5))]
+        prompt = (unit * 8)[: rng.randint(8, 30)]
+        config = GenerationConfig(max_new_tokens=20, budget=12, sampling=SamplingConfig(temperature=0.3, top_k=10, seed=9))
+        assert spec.generate_ids(prompt, config) == ar.generate_ids(prompt, config)
+        accepted += spec.last_stats.new_tokens - spec.last_stats.steps
+    assert accepted > 0, "no draft node was accepted"

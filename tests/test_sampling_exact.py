@@ -32,18 +32,22 @@ import pytest
 import torch
 
 from specgraft.composers.base import MergeComposer
-from specgraft.composers.graft import GraftComposer, GraftConfig, GraftRetrieval, StagePlanner
-from specgraft.config import SamplingConfig
+from specgraft.composers.graft import GraftComposer, GraftConfig, StagePlanner
+from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig
+from specgraft.drafters.graft_retrieval import GraftRetrieval
 from specgraft.drafters.recycling import SuccessorMatrix
 from specgraft.types import Draft, DraftTree
 from specgraft.verify import target_probs
 from specgraft.verify.sampling import shared_draft_row
 
+from tests.stubs import TableLM, begin
+
 V = 4
 PROMPT = (1, 2)
 TOL = 1e-12
 SAMPLING = SamplingConfig(temperature=1.0)
+GENERATION = GenerationConfig(sampling=SAMPLING)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -75,47 +79,6 @@ def draft_logits(seed: int, support: Sequence[int] = (2,)) -> Callable[[tuple[in
     return fn
 
 
-class PathLM:
-    """Draft-model stub (the drafter's ``DraftLanguageModel``): a row's logits are ``fn(path)``.
-    ``last_paths`` are the paths of the rows the last ``start``/``expand`` returned, in order."""
-
-    def __init__(self, fn: Callable[[tuple[int, ...]], torch.Tensor]):
-        self.fn = fn
-        self.vocab_size = V
-        self.device = torch.device("cpu")
-        self.committed: list[int] = []
-        self.paths: list[tuple[int, ...]] = []
-        self.last_paths: list[tuple[int, ...]] = []
-        self._cache: dict[tuple[int, ...], torch.Tensor] = {}
-
-    def _row(self, path: tuple[int, ...]) -> torch.Tensor:
-        if path not in self._cache:
-            self._cache[path] = self.fn(path)
-        return self._cache[path]
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.committed, self.paths = list(prompt[:-1]), []
-
-    def room(self, context: Sequence[int]) -> int:
-        return 1 << 20
-
-    def start(self, context: Sequence[int]) -> torch.Tensor:
-        self.paths = self.last_paths = [tuple(context)]
-        return self._row(self.paths[0])
-
-    def expand(self, tokens: Sequence[int], parent_rows: Sequence[int]) -> torch.Tensor:
-        new = [self.paths[r] + (int(t),) for t, r in zip(tokens, parent_rows, strict=True)]
-        self.paths = self.paths + new
-        self.last_paths = new
-        return torch.stack([self._row(p) for p in new])
-
-    def commit(self, path_rows: Sequence[int]) -> None:
-        self.paths = []
-
-    def discard(self) -> None:
-        self.paths = []
-
-
 # ---- the draw oracle ----------------------------------------------------------------------
 
 
@@ -138,7 +101,7 @@ def scripted_multinomial(choose: Callable[[int, list[float]], int]) -> Iterator[
         torch.multinomial = real
 
 
-def enumerate_outcomes(run: Callable[[], object], lm: "PathLM | None" = None) -> list[tuple[float, object]]:
+def enumerate_outcomes(run: Callable[[], object], lm: TableLM | None = None) -> list[tuple[float, object]]:
     """``(probability, run())`` for every outcome of the draws ``run`` makes (depth-first).
 
     With ``lm``, each result is ``(run(), draws)`` where ``draws`` maps each drawn row's path
@@ -286,13 +249,21 @@ def assert_exact(law: StepLaw, what: str) -> None:
 # ---- the composers ------------------------------------------------------------------------
 
 
-def drafter(depth: int, top_k: int, checkpoints=(), thresholds=None, seed: int = 5, support: Sequence[int] = (2,)) -> DraftModelDrafter:
-    d = DraftModelDrafter(
-        PathLM(draft_logits(seed, support)),
-        DraftTreeConfig(depth=depth, top_k=top_k, checkpoints=checkpoints, thresholds=thresholds, sample=True),
-    )
-    d.begin(list(PROMPT), None)
-    return d
+class Sampled:
+    """A sampling drafter and one sequence's state: ``propose(budget)`` drafts at ``PROMPT``."""
+
+    def __init__(self, depth: int, top_k: int, checkpoints=(), thresholds=None, seed: int = 5, support: Sequence[int] = (2,)):
+        self.lm = TableLM(draft_logits(seed, support), V)
+        config = DraftTreeConfig(depth=depth, top_k=top_k, checkpoints=checkpoints, thresholds=thresholds, sample=True)
+        self.drafter = DraftModelDrafter(self.lm, config)
+        self.state = begin(self.drafter, PROMPT, GENERATION)
+
+    def propose(self, budget: int):
+        return self.drafter.propose(self.state, list(PROMPT), budget)
+
+
+def drafter(depth: int, top_k: int, checkpoints=(), thresholds=None, seed: int = 5, support: Sequence[int] = (2,)) -> Sampled:
+    return Sampled(depth, top_k, checkpoints, thresholds, seed, support)
 
 
 def matrix(k: int = 2, seed: int = 3) -> SuccessorMatrix:
@@ -304,17 +275,18 @@ def matrix(k: int = 2, seed: int = 3) -> SuccessorMatrix:
     return m
 
 
-def graft_maker(variant: str, budget: int, draft: DraftModelDrafter, k: int = 2, stages: set | None = None) -> Callable[[], DraftTree]:
+def graft_maker(variant: str, budget: int, draft: Sampled, k: int = 2, stages: set | None = None) -> Callable[[], DraftTree]:
     """``make()``: the drafter proposes, the variant's composer builds the tree (as
     ``build_graft_method`` wires them); each draft's pruning stage goes to ``stages``."""
     config = GraftConfig(variant=variant, k=k)
     planner = StagePlanner(config)
     retrieval = GraftRetrieval(V, planner, matrix(k))
-    composer = GraftComposer(config, planner, retrieval.matrix)
-    envelope = retrieval.propose(list(PROMPT), budget)  # no draws: the same every outcome
+    composer = GraftComposer(config, planner)
+    # no draws: the same every outcome
+    envelope = retrieval.propose(begin(retrieval, PROMPT, GENERATION), list(PROMPT), budget)
 
     def make() -> DraftTree:
-        drafts = [draft.propose(list(PROMPT), budget)]
+        drafts = [draft.propose(budget)]
         if stages is not None:
             stages.add(drafts[0].stage)
         if config.retrieval is not None:
@@ -336,7 +308,7 @@ def gate_thresholds(depth: int, top_k: int, checkpoints: tuple[int, ...], **draf
     gates: it shuts on some of the draws that reach it only.
     """
     ungated = drafter(depth, top_k, checkpoints, **drafter_args)
-    drafts = [d for _, d in enumerate_outcomes(lambda: ungated.propose(list(PROMPT), 64))]
+    drafts = [d for _, d in enumerate_outcomes(lambda: ungated.propose(64))]
     out: list[float] = []
     for j, d in enumerate(checkpoints):
         if d == 0:
@@ -392,7 +364,7 @@ def test_merge_of_sampled_and_deterministic_drafts_is_exact(sampled_first, budge
     chain = Draft.chain("pld", [0, 3])
 
     def make() -> DraftTree:
-        sampled = draft.propose(list(PROMPT), budget)
+        sampled = draft.propose(budget)
         drafts = [sampled, chain] if sampled_first else [chain, sampled]
         return MergeComposer().build(drafts, budget)
 
@@ -407,18 +379,48 @@ def test_review_example_sampled_root_before_a_lookup_token():
     token 0 merged after them, target [.1, .2, .3, .4] (decided by collisions, the root's law
     was [.125, .15, .276, .449], TV 0.074)."""
     q = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
-    draft = DraftModelDrafter(PathLM(lambda path: q), DraftTreeConfig(depth=1, top_k=2, sample=True))
-    draft.begin(list(PROMPT), None)
+    draft = DraftModelDrafter(TableLM(lambda path: q, V), DraftTreeConfig(depth=1, top_k=2, sample=True))
+    state = begin(draft, PROMPT, GENERATION)
     target = torch.tensor([0.1, 0.2, 0.3, 0.4]).log()
     law = StepLaw(lambda path: target, PROMPT)
 
     def make() -> DraftTree:
-        return MergeComposer().build([draft.propose(list(PROMPT), 8), Draft.chain("pld", [0])], 8)
+        return MergeComposer().build([draft.propose(state, list(PROMPT), 8), Draft.chain("pld", [0])], 8)
 
     for prob, tree in enumerate_outcomes(make):
         law.add(prob, tree)
     root = [e / law.reach[()] for e in law.emit[()]]
     assert max(abs(a - b) for a, b in zip(root, law.p(()))) < TOL, f"root law {root}, target {law.p(())}"
+
+
+def merge_by_admissions(drafts, budget, offers=()):
+    """WRONG, the rule before the core issue: a parent keeps rejection sampling unless a
+    retrieved child was *admitted as a new node* there (a retrieved child that collided with a
+    sampled one leaves the q rows on), and a stage's offers are all that count."""
+    from specgraft.tree.build import merge_drafts
+
+    tree = merge_drafts(drafts, budget)
+    sampled = drafts[0]  # the kept draft is merged first: tree node i < len(sampled) is its node i
+    if sampled.prob_rows is None:
+        return tree
+    retrieved_under = {p for p, s in zip(tree.parents, tree.sources) if s == "retrieval"}
+    rows = [sampled.prob_rows[i] if i < len(sampled) and tree.parents[i] not in retrieved_under else -1 for i in range(len(tree))]
+    return DraftTree(tree.tokens, tree.parents, tree.sources, draft_probs=sampled.draft_probs, prob_rows=rows, scores=tree.scores)
+
+
+def test_deciding_the_rule_by_admissions_is_caught(monkeypatch):
+    """Negative control: the exact test sees the collision-dependent rule (which statistical
+    tests on the same trees do not: TV ~0.045 against a bound of ~0.09)."""
+    import specgraft.composers.graft as graft_module
+
+    monkeypatch.setattr(graft_module, "merge_drafts", merge_by_admissions)
+    # one successor per token and three tokens in the root's draft row: retrieval's root child
+    # collides with a sampled child on some draws only
+    law = exact_step(graft_maker("graft-fixed", 8, drafter(3, 2, seed=6, support=(3, 2, 1)), k=1))
+    err, where = law.worst_error()
+    assert err > 0.05 and where == (), f"a biased rule passed the exact test (error {err:.3g} at {where}); the test has no teeth"
+    monkeypatch.undo()
+    assert exact_step(graft_maker("graft-fixed", 8, drafter(3, 2, seed=6, support=(3, 2, 1)), k=1)).worst_error()[0] < TOL
 
 
 # ---- structure: resample one node's children, nothing else ----------------------------------
@@ -438,7 +440,7 @@ def kept_children_and_rule(tree: DraftTree, path: tuple[int, ...]) -> tuple[int,
     return sampled, "rejection" if shared_draft_row(tree, kids) is not None else "sample-and-match"
 
 
-def run_with_draws(make: Callable[[], DraftTree], lm: PathLM, draws: Callable[[tuple[int, ...]], list[int]]) -> DraftTree:
+def run_with_draws(make: Callable[[], DraftTree], lm: TableLM, draws: Callable[[tuple[int, ...]], list[int]]) -> DraftTree:
     """``make()`` with each row's draws given by ``draws(row path)`` (all of a row's draws at once)."""
     queue: dict[int, list[int]] = {}
 
@@ -482,13 +484,13 @@ def test_kept_children_and_rule_do_not_depend_on_the_children(variant):
     make = graft_maker(variant, budget, draft)
     checked = 0
     for _, (tree, base) in enumerate_outcomes(make, lm):
-        fixed = lambda path: base.get(path) or [next(t for t, x in enumerate(lm._row(path).tolist()) if x > float("-inf"))] * top_k
+        fixed = lambda path: base.get(path) or [next(t for t, x in enumerate(lm.row(path).tolist()) if x > float("-inf"))] * top_k
         for path, draw in base.items():
             rel = path[len(PROMPT) :]  # the node's path below the root
             before = kept_children_and_rule(tree, rel)
             if before is None:
                 continue
-            support = [t for t, x in enumerate(lm._row(path).tolist()) if x > float("-inf")]
+            support = [t for t, x in enumerate(lm.row(path).tolist()) if x > float("-inf")]
             for alt in same_pattern_alternatives(draw, support):
                 if alt == draw:
                     continue

@@ -39,7 +39,7 @@ from specgraft.tree.build import merge_drafts
 from specgraft.types import Draft, DraftTree, VerifyResult
 from specgraft.verify import sample_token, target_probs, verify_rejection, verify_sample_match
 from specgraft.verify.greedy import child_index
-from specgraft.verify.processing import draw_uniform
+from specgraft.verify.processing import draw_uniforms
 from specgraft.verify.reference import reference_target_probs
 from specgraft.verify.sampling import shared_draft_row
 
@@ -120,33 +120,36 @@ def draft_deterministic(target: SyntheticTarget, root: Pair, rng: random.Random)
 
 def sampled_draft(target: SyntheticTarget, root: Pair, rng: random.Random, draws: int) -> Draft:
     """Children of a node are the distinct values of ``draws`` i.i.d. samples from the draft row,
-    in order of first appearance; the first child is always expanded, others sometimes."""
+    in order of first appearance; the first child is always expanded, others sometimes. One
+    ``q`` row per expanded node, shared by its children (``Draft.prob_rows``)."""
     tokens: list[int] = []
     parents: list[int] = []
     rows: list[list[float]] = []
+    prob_rows: list[int] = []
     frontier = [(-1, root, 0)]
     while frontier:
         node, (a, b), depth = frontier.pop(0)
         if depth == L:
             continue
         q = target.draft_rows[a][b]
+        rows.append(q)
         for j, tok in enumerate(dict.fromkeys(rng.choices(range(V), weights=q, k=draws))):
             tokens.append(tok)
             parents.append(node)
-            rows.append(q)
+            prob_rows.append(len(rows) - 1)
             if j == 0 or rng.random() < 0.3:
                 frontier.append((len(tokens) - 1, (b, tok), depth + 1))
-    return Draft(source="draft", tokens=tokens, parents=parents, draft_probs=torch.tensor(rows, dtype=torch.float64))
+    return Draft(source="draft", tokens=tokens, parents=parents, draft_probs=torch.tensor(rows, dtype=torch.float64), prob_rows=prob_rows)
 
 
 def draft_sampled(target: SyntheticTarget, root: Pair, rng: random.Random) -> DraftTree:
     d = sampled_draft(target, root, rng, draws=DRAWS)
-    return DraftTree(tokens=d.tokens, parents=d.parents, sources=[d.source] * len(d), draft_probs=d.draft_probs)
+    return DraftTree(tokens=d.tokens, parents=d.parents, sources=[d.source] * len(d), draft_probs=d.draft_probs, prob_rows=d.prob_rows)
 
 
 def draft_mixed(target: SyntheticTarget, root: Pair, rng: random.Random) -> DraftTree:
     """A sampled draft and a deterministic chain merged under a budget, in random priority order:
-    nodes with NaN rows, parents whose children mix both kinds, and cut-off children all occur."""
+    nodes without rows, parents whose children mix both kinds, and cut-off children all occur."""
     sampled = sampled_draft(target, root, rng, draws=DRAWS)
     chain, (a, b) = [], root
     for _ in range(rng.choice((1, 2, 3))):
@@ -193,8 +196,8 @@ def verify_fixed_q_wrong(tree: DraftTree, logits: torch.Tensor, sampling: Sampli
             token = sample_token(p.float(), generator)
             child = index.get((node, token))
         else:
-            for kid in kids:
-                if draw_uniform(generator) * float(q[tree.tokens[kid]]) < float(p[tree.tokens[kid]]):
+            for kid, u in zip(kids, draw_uniforms(generator, len(kids)).tolist(), strict=True):
+                if u * float(q[tree.tokens[kid]]) < float(p[tree.tokens[kid]]):
                     child = kid
                     break
                 residual = (p - q).clamp(min=0.0)

@@ -1,12 +1,20 @@
-"""Tree attention correctness and cache commit, on tiny Llama and Qwen2 models in fp32."""
+"""Tree attention, the slot cache and the adapter's checks, on tiny Llama and Qwen2 models in fp32."""
 
 import random
 
+import pytest
 import torch
+from transformers import MistralConfig, MistralForCausalLM
 
-from specgraft.cache.commit import commit_cache, commit_cache_reference
+from specgraft.cache.slots import SlotCache
+from specgraft.config import GenerationConfig
+from specgraft.engine import SpecEngine
+from specgraft.methods import MethodOptions, build_method
 from specgraft.models.hf import HFTarget
 from specgraft.types import DraftTree
+
+from tests.conftest import TINY_MODELS, tiny_llama
+from tests.test_greedy_lossless import hf_greedy
 
 
 def random_tree(rng: random.Random, n: int, vocab: int) -> DraftTree:
@@ -30,51 +38,188 @@ def branch(tree: DraftTree, node: int) -> list[int]:
     return out[::-1]
 
 
+def plain_logits(model, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0, -1]
+
+
+def assert_slot_equals_fresh_prefill(target: HFTarget, slot: int, tokens: list[int]) -> None:
+    """The committed rows of ``slot`` equal a fresh prefill of ``tokens`` in a new cache."""
+    fresh = HFTarget(target.model)
+    other = fresh.allocate()
+    fresh.prefill(other, tokens)
+    n = len(tokens)
+    assert target.length(slot) == n
+    for a, b in zip(target.cache.layers, fresh.cache.layers, strict=True):
+        torch.testing.assert_close(a.keys[slot, :, :n], b.keys[other, :, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a.values[slot, :, :n], b.values[other, :, :n], rtol=1e-5, atol=1e-5)
+
+
 def test_tree_logits_equal_plain_branch_logits(tiny_model):
     rng = random.Random(0)
     target = HFTarget(tiny_model)
     for trial in range(3):
         prompt = [rng.randrange(3, 96) for _ in range(7 + trial)]
         tree = random_tree(rng, 12, 96)
-        target.reset()
-        target.prefill(prompt[:-1])
-        out = target.forward_tree(prompt[-1], tree, output_hidden=True)
+        slot = target.allocate()
+        target.prefill(slot, prompt[:-1])
+        out = target.forward_tree(slot, prompt[-1], tree, output_hidden=True)
         assert out.logits.shape == (13, 96) and out.hidden.shape[0] == 13
-        with torch.no_grad():
-            root_ref = tiny_model(torch.tensor([prompt])).logits[0, -1]
-            torch.testing.assert_close(out.logits[0], root_ref, rtol=1e-4, atol=1e-4)
-            for i in range(len(tree)):
-                ref = tiny_model(torch.tensor([prompt + branch(tree, i)])).logits[0, -1]
-                torch.testing.assert_close(out.logits[i + 1], ref, rtol=1e-4, atol=1e-4)
-        target.commit([0])
+        torch.testing.assert_close(out.logits[0], plain_logits(tiny_model, prompt), rtol=1e-4, atol=1e-4)
+        for i in range(len(tree)):
+            ref = plain_logits(tiny_model, prompt + branch(tree, i))
+            torch.testing.assert_close(out.logits[i + 1], ref, rtol=1e-4, atol=1e-4)
+        target.commit(slot, [0])
+        target.release(slot)
 
 
 def test_commit_equals_fresh_prefill(tiny_model):
     rng = random.Random(1)
     prompt = [rng.randrange(3, 96) for _ in range(9)]
     tree = DraftTree(tokens=[11, 12, 13, 14, 15, 16], parents=[-1, 0, 0, -1, 3, 4], sources=["t"] * 6)
-    for accepted in ([], [0], [0, 2], [3, 4, 5]):
-        target = HFTarget(tiny_model)
-        target.prefill(prompt[:-1])
-        target.forward_tree(prompt[-1], tree)
-        target.commit([0, *(i + 1 for i in accepted)])
-        fresh = HFTarget(tiny_model)
-        fresh.prefill(prompt + [tree.tokens[i] for i in accepted])
-        assert target.past_len == fresh.past_len == len(prompt) + len(accepted)
-        for a, b in zip(target.cache.layers, fresh.cache.layers, strict=True):
-            torch.testing.assert_close(a.keys, b.keys, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(a.values, b.values, rtol=1e-5, atol=1e-5)
-
-
-def test_commit_fast_equals_reference(tiny_model):
     target = HFTarget(tiny_model)
-    target.prefill([5, 6, 7, 8])
+    for accepted in ([], [0], [0, 2], [3, 4, 5]):
+        slot = target.allocate()
+        target.prefill(slot, prompt[:-1])
+        target.forward_tree(slot, prompt[-1], tree)
+        target.commit(slot, [0, *(i + 1 for i in accepted)])
+        assert_slot_equals_fresh_prefill(target, slot, prompt + [tree.tokens[i] for i in accepted])
+        target.release(slot)
+
+
+def test_batched_forward_and_commit_equal_single_sequences(tiny_model):
+    """B = 3 slots of different lengths and trees in one forward: every row's logits equal a
+    plain forward of its path, and each slot's commit equals a fresh prefill of its sequence."""
+    rng = random.Random(2)
+    target = HFTarget(tiny_model)
+    slots = [target.allocate() for _ in range(3)]
+    assert slots == [0, 1, 2], "slots are allocated in order, so they form one range"
+    prompts = [[rng.randrange(3, 96) for _ in range(n)] for n in (5, 11, 8)]
+    trees = [random_tree(rng, n, 96) for n in (6, 2, 9)]
+    for slot, prompt in zip(slots, prompts):
+        target.prefill(slot, prompt[:-1])
+    outs = target.forward_batch(
+        range(3), [[p[-1], *t.tokens] for p, t in zip(prompts, trees)], [[-1, *(q + 1 for q in t.parents)] for t in trees]
+    )
+    for prompt, tree, out in zip(prompts, trees, outs):
+        assert out.logits.shape == (len(tree) + 1, 96)
+        torch.testing.assert_close(out.logits[0], plain_logits(tiny_model, prompt), rtol=1e-4, atol=1e-4)
+        for i in range(len(tree)):
+            torch.testing.assert_close(out.logits[i + 1], plain_logits(tiny_model, prompt + branch(tree, i)), rtol=1e-4, atol=1e-4)
+    for slot, prompt, tree in zip(slots, prompts, trees):
+        leaf = max(range(len(tree)), key=lambda i: len(branch(tree, i)))
+        path = []
+        node = leaf
+        while node >= 0:
+            path.append(node)
+            node = tree.parents[node]
+        path = path[::-1]
+        target.commit(slot, [0, *(i + 1 for i in path)])
+        assert_slot_equals_fresh_prefill(target, slot, prompt + [tree.tokens[i] for i in path])
+
+
+def test_slots_grow_and_are_reused(tiny_model):
+    """Room grows by doubling, slots by doubling; a released slot is reused and starts empty."""
+    target = HFTarget(tiny_model, capacity=4)
+    a = target.allocate()
+    target.prefill(a, list(range(3, 40)))
+    assert target.cache.capacity >= 37 and target.length(a) == 37
+    b, c = target.allocate(), target.allocate()
+    assert target.cache.num_slots >= 3
+    target.prefill(b, [5, 6, 7])
+    assert_slot_equals_fresh_prefill(target, a, list(range(3, 40)))
+    target.release(b)
+    assert target.allocate() == b and target.length(b) == 0
+    with pytest.raises(ValueError, match="not an allocated slot"):
+        target.release(17)
+    del c
+
+
+def test_cache_bookkeeping_errors():
+    cache = SlotCache(num_layers=1, capacity=8)
+    slot = cache.allocate()
+    with pytest.raises(ValueError, match="not ascending rows"):
+        cache.commit(slot, [0])  # nothing pending
+
+
+def test_long_prompt_prefilled_in_chunks_then_tree_passes(tiny_model):
+    """A prompt longer than ``prefill_chunk`` followed by tree passes equals plain greedy decoding."""
+    rng = random.Random(3)
+    prompt = [rng.randrange(3, 96) for _ in range(70)]
+    target = HFTarget(tiny_model, prefill_chunk=16)
+    drafters, composer = build_method("pld", target)
+    engine = SpecEngine(target, drafters, composer)
+    got = engine.generate_ids(prompt, GenerationConfig(max_new_tokens=20, budget=8, stop_on_eos=False))
+    assert got == hf_greedy(tiny_model, prompt, 20)
+
+
+@pytest.mark.parametrize("method", ["pld", "recycling", "ptd"])
+def test_context_window_edge(method):
+    """Generation runs to the last position of the context window and stops there, equal to plain
+    greedy decoding (trees near the edge are cut to the room left)."""
+    model = tiny_llama()
+    model.config.max_position_embeddings = 64
+    rng = random.Random(4)
+    unit = [rng.randrange(3, 96) for _ in range(5)]
+    prompt = (unit * 10)[:50]
+    target = HFTarget(model)
+    drafters, composer = build_method(method, target, MethodOptions())
+    engine = SpecEngine(target, drafters, composer)
+    got = engine.generate_ids(prompt, GenerationConfig(max_new_tokens=40, budget=8, stop_on_eos=False))
+    assert len(prompt) + len(got) == 64 + 1, "the last committed position is the window's last one, plus the bonus token"
+    assert got == hf_greedy(model, prompt, len(got))
+
+
+def test_eager_attention_equals_sdpa():
+    model = tiny_llama()
+    eager = tiny_llama()
+    eager.config._attn_implementation = "eager"
     tree = DraftTree(tokens=[11, 12, 13, 14], parents=[-1, 0, -1, 2], sources=["t"] * 4)
-    target.forward_tree(9, tree)
-    twin = HFTarget(tiny_model)
-    twin.prefill([5, 6, 7, 8])
-    twin.forward_tree(9, tree)
-    commit_cache(target.cache, 4, [0, 3, 4])
-    commit_cache_reference(twin.cache, 4, [0, 3, 4])
-    for a, b in zip(target.cache.layers, twin.cache.layers, strict=True):
-        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    outs = []
+    for m in (model, eager):
+        target = HFTarget(m)
+        slot = target.allocate()
+        target.prefill(slot, [5, 6, 7, 8])
+        outs.append(target.forward_tree(slot, 9, tree).logits)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+
+
+def test_models_the_tree_mask_cannot_serve_are_refused_at_construction():
+    model = tiny_llama()
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="attention implementation 'flash_attention_2'.*sdpa"):
+        HFTarget(model)
+    cfg = MistralConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, max_position_embeddings=512, sliding_window=16)
+    cfg._attn_implementation = "sdpa"
+    with pytest.raises(ValueError, match="sliding_attention layers"):
+        HFTarget(MistralForCausalLM(cfg))
+
+
+def test_token_ids_outside_the_vocabulary_are_errors():
+    target = HFTarget(tiny_llama())
+    slot = target.allocate()
+    with pytest.raises(ValueError, match="token id 96 is outside the vocabulary"):
+        target.prefill(slot, [5, 96])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        target.forward_tree(slot, 5, DraftTree(tokens=[200], parents=[-1], sources=["x"]))
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_pending_rows_of_one_slot_never_reach_another(arch):
+    """Two sequences interleaved step by step on one adapter give what each gives alone."""
+    model = TINY_MODELS[arch]()
+    target = HFTarget(model)
+    drafters, composer = build_method("pld", target)
+    engine = SpecEngine(target, drafters, composer)
+    config = GenerationConfig(max_new_tokens=16, budget=8, stop_on_eos=False)
+    prompts = [[7, 8, 9, 7, 8, 9, 7, 8], [20, 21, 22, 23, 20, 21]]
+    alone = [engine.generate_ids(p, config) for p in prompts]
+    seqs = [engine.start(p, config) for p in prompts]
+    while not all(s.done for s in seqs):
+        for s in seqs:
+            if not s.done:
+                engine.step(s)
+    for s in seqs:
+        engine.finish(s)
+    assert [s.new_tokens for s in seqs] == alone

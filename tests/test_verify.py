@@ -30,8 +30,13 @@ CONFIGS = [
 ]
 
 
-def tree_of(tokens: list[int], parents: list[int], draft_probs: torch.Tensor | None = None) -> DraftTree:
-    return DraftTree(tokens=tokens, parents=parents, sources=["test"] * len(tokens), draft_probs=draft_probs)
+def tree_of(
+    tokens: list[int], parents: list[int], draft_probs: torch.Tensor | None = None, prob_rows: list[int] | None = None
+) -> DraftTree:
+    """A tree; with ``draft_probs`` and no ``prob_rows``, node ``i`` uses row ``i``."""
+    if draft_probs is not None and prob_rows is None:
+        prob_rows = list(range(len(tokens)))
+    return DraftTree(tokens=tokens, parents=parents, sources=["test"] * len(tokens), draft_probs=draft_probs, prob_rows=prob_rows)
 
 
 def one_hot_logits(best: list[int], vocab: int = 10) -> torch.Tensor:
@@ -84,8 +89,8 @@ def test_greedy_ties_go_to_lowest_token():
 def test_rejection_hand_examples():
     vocab = 4
     # [2, V]: both children have draft row q = [0.5, 0.5, 0, 0]
-    q = torch.tensor([[0.5, 0.5, 0.0, 0.0]] * 2)
-    tree = tree_of([0, 1], [-1, -1], draft_probs=q)
+    q = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
+    tree = tree_of([0, 1], [-1, -1], draft_probs=q, prob_rows=[0, 0])
     plain = SamplingConfig(temperature=1.0)
     for seed in range(5):
         # target puts everything on 2: both children fail (p = 0 there), bonus from the residual = 2
@@ -97,20 +102,39 @@ def test_rejection_hand_examples():
 
 def test_shared_draft_row_decides_the_rule():
     q = [0.25, 0.25, 0.25, 0.25]
-    nan = [math.nan] * 4
-    shared = tree_of([0, 1, 2], [-1, -1, 0], draft_probs=torch.tensor([q, q, nan]))
+    table = torch.tensor([q, [0.1, 0.7, 0.1, 0.1]])
+    shared = tree_of([0, 1, 2], [-1, -1, 0], draft_probs=table, prob_rows=[0, 0, -1])
     assert torch.equal(shared_draft_row(shared, [0, 1]), torch.tensor(q))
-    assert shared_draft_row(shared, [2]) is None, "NaN row = deterministic candidate"
+    assert shared_draft_row(shared, [2]) is None, "row -1 = deterministic candidate"
     assert shared_draft_row(shared, []) is None, "a leaf samples"
-    mixed = tree_of([0, 1], [-1, -1], draft_probs=torch.tensor([q, nan]))
-    assert shared_draft_row(mixed, [0, 1]) is None, "a NaN sibling makes the node sample-and-match"
-    differing = tree_of([0, 1], [-1, -1], draft_probs=torch.tensor([q, [0.1, 0.7, 0.1, 0.1]]))
+    mixed = tree_of([0, 1], [-1, -1], draft_probs=table, prob_rows=[0, -1])
+    assert shared_draft_row(mixed, [0, 1]) is None, "a deterministic sibling makes the node sample-and-match"
+    differing = tree_of([0, 1], [-1, -1], draft_probs=table, prob_rows=[0, 1])
     assert shared_draft_row(differing, [0, 1]) is None, "children from different q cannot be rejection-sampled"
     assert shared_draft_row(tree_of([0], [-1]), [0]) is None, "no draft_probs at all"
+    with pytest.raises(ValueError, match="prob_rows must index"):
+        tree_of([0], [-1], draft_probs=table, prob_rows=[2])
+    with pytest.raises(ValueError, match="go together"):
+        DraftTree([0], [-1], ["x"], prob_rows=[0])
+
+
+def test_tree_invariants_are_errors():
+    """What a drafter hands the verifier is checked on construction (also under python -O)."""
+    with pytest.raises(ValueError, match="siblings must carry distinct tokens"):
+        tree_of([4, 4], [-1, -1])
+    with pytest.raises(ValueError, match="parents must come before children"):
+        tree_of([4, 5], [1, -1])
+    with pytest.raises(ValueError, match="token ids are integers >= 0"):
+        tree_of([-1], [-1], draft_probs=torch.tensor([[0.5, 0.5]]))
+    tree = tree_of([3, 7], [-1, 0])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        verify(tree, torch.zeros(3, 5), SamplingConfig(temperature=1.0), gen())
+    with pytest.raises(ValueError, match="logits for a tree of 2 nodes"):
+        verify_greedy(tree, torch.zeros(2, 10))
 
 
 def test_zero_draft_probability_for_own_token_is_an_error():
-    tree = tree_of([3], [-1], draft_probs=torch.tensor([[0.5, 0.5, 0.0, 0.0]]))
+    tree = tree_of([3], [-1], draft_probs=torch.tensor([[0.5, 0.5, 0.0, 0.0]]), prob_rows=[0])
     logits = torch.zeros(2, 4)
     with pytest.raises(ValueError, match="draft probability"):
         verify_rejection(tree, logits, SamplingConfig(temperature=1.0), gen())
@@ -149,22 +173,26 @@ def random_tree(rng: random.Random, vocab: int, max_nodes: int) -> tuple[list[in
     return tokens, parents
 
 
-def random_draft_probs(rng: random.Random, tokens: list[int], parents: list[int], vocab: int) -> torch.Tensor:
-    """[N, V]: per parent, children share one random q (positive everywhere), or are NaN,
-    or mix a NaN child in, or carry different rows."""
-    rows: list[list[float] | None] = [None] * len(tokens)
-    for parent in set(parents):
+def random_draft_probs(rng: random.Random, tokens: list[int], parents: list[int], vocab: int) -> tuple[torch.Tensor, list[int]]:
+    """``([P, V], [N])``: per parent, children share one random q row (positive everywhere), or
+    are deterministic (row -1), or mix a deterministic child in, or carry different rows."""
+    rows: list[list[float]] = [random_simplex(rng, vocab)]  # never empty: a table has a row
+    prob_rows = [-1] * len(tokens)
+    for parent in sorted(set(parents)):
         kids = [i for i, p in enumerate(parents) if p == parent]
         kind = rng.choice(["shared", "shared", "shared", "nan", "mixed", "differing"])
+        shared = len(rows)
+        rows.append(random_simplex(rng, vocab))
         for j, kid in enumerate(kids):
             if kind == "nan" or (kind == "mixed" and j == len(kids) - 1):
-                rows[kid] = [math.nan] * vocab
-            elif kind == "differing" and j > 0:
-                rows[kid] = random_simplex(rng, vocab)
+                continue
+            if kind == "differing" and j > 0:
+                rows.append(random_simplex(rng, vocab))
+                prob_rows[kid] = len(rows) - 1
             else:
-                rows[kid] = rows[kids[0]] if j > 0 else random_simplex(rng, vocab)
+                prob_rows[kid] = shared
     dtype = rng.choice([torch.float32, torch.float64])
-    return torch.tensor(rows, dtype=dtype).reshape(len(tokens), vocab)
+    return torch.tensor(rows, dtype=dtype), prob_rows
 
 
 def random_simplex(rng: random.Random, vocab: int) -> list[float]:
@@ -184,8 +212,9 @@ def random_case(rng: random.Random, vocab: int, draft_kind: str | None) -> tuple
     for i, p in enumerate(parents):
         if rng.random() < 0.4:
             logits[p + 1, tokens[i]] += 3.0
-    draft_probs = random_draft_probs(rng, tokens, parents, vocab) if draft_kind == "sampled" else None
-    return tree_of(tokens, parents, draft_probs), logits
+    if draft_kind == "sampled":
+        return tree_of(tokens, parents, *random_draft_probs(rng, tokens, parents, vocab)), logits
+    return tree_of(tokens, parents), logits
 
 
 def test_greedy_fast_equals_reference():
@@ -285,6 +314,22 @@ def test_target_probs_properties():
     assert target_probs(logits.bfloat16(), CONFIGS[1]).dtype == torch.float32
     with pytest.raises(ValueError, match="greedy"):
         target_probs(logits, GREEDY)
+
+
+def test_growing_top_k_nucleus_equals_the_full_sort():
+    """The nucleus found among the largest probabilities (doubling k from 64) equals the full
+    sort's, bit for bit, on vocabularies larger than the first k, with ties at the boundary."""
+    from specgraft.verify.processing import _nucleus, _nucleus_sorted
+
+    g = torch.Generator().manual_seed(5)
+    for vocab in (10, 100, 5000):
+        for scale in (0.5, 3.0, 8.0):
+            logits = torch.randn(6, vocab, generator=g) * scale
+            logits[0, :40] = 1.0  # a wide tie
+            probs = torch.softmax(logits, dim=-1)
+            for top_p in (0.1, 0.5, 0.9, 0.99, 0.999999):
+                assert torch.equal(_nucleus(probs, top_p, 0), _nucleus_sorted(probs, top_p, 0)), (vocab, scale, top_p)
+                assert torch.equal(_nucleus(probs, top_p, 7), _nucleus_sorted(probs, top_p, 7))
 
 
 def test_sample_token():

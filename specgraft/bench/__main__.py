@@ -5,7 +5,7 @@ import sys
 import typer
 from rich.console import Console
 
-from specgraft.bench.cli import bench
+from specgraft.cli.bench import bench
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from typing import Any, Protocol, Sequence
 
 from specgraft.api import SpecDecoder
 from specgraft.config import GenerationConfig
+from specgraft.models.hf import synchronize
 from specgraft.types import GenerationStats
 
 
@@ -63,8 +64,11 @@ class SpecgraftMethod:
     def run(self, ids: Sequence[int]) -> MethodRun:
         ids = list(ids)
         self.decoder.engine.check_prompt(ids)
+        device = self.decoder.target.device
+        synchronize(device)
         t0 = time.perf_counter()
         tokens = self.decoder.engine.generate_ids(ids, self.config)
+        synchronize(device)
         elapsed = time.perf_counter() - t0
         stats = self.decoder.engine.last_stats
         assert stats.new_tokens == len(tokens), f"{self.name}: stats count {stats.new_tokens} tokens, got {len(tokens)}"

@@ -49,5 +49,6 @@ def environment(dtype: str) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "dtype": dtype,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "packages": package_versions(),
     }

@@ -25,6 +25,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specgraft.bench.contract import MethodRun
+from specgraft.models.hf import synchronize
 
 PROMPT_LOOKUP_NUM_TOKENS = 10
 
@@ -91,8 +92,10 @@ class HFPeer:
         if self.temperature > 0 and self.seed is not None:
             torch.manual_seed(self.seed)
         with torch.inference_mode():
+            synchronize(self.model.device)
             t0 = time.perf_counter()
             out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), **kw)
+            synchronize(self.model.device)
             elapsed = time.perf_counter() - t0
         tokens = out[0, inputs.shape[1] :].tolist()
         # batch of one: nothing is padded, but cut defensively after the first EOS

@@ -1,4 +1,4 @@
-"""PNG plots of a :class:`~specgraft.bench.report.Summary` (matplotlib, Agg backend).
+"""PNG plots of a :class:`~specgraft.bench.summary.Summary` (matplotlib, Agg backend).
 
 - ``speedup_vs_mat.png``: speedup against MAT per method and task, the speed/MAT frontier of the
   Graft paper's Figure 1 (peers, which have no MAT, are dashed lines at their overall speedup).
@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from specgraft.bench.report import OVERALL, PHASES, Summary  # noqa: E402
+from specgraft.bench.summary import OVERALL, PHASES, Summary  # noqa: E402
 
 MARKERS = "osD^v<>PXh*p"
 

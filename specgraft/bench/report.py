@@ -25,16 +25,12 @@ Example::
 from __future__ import annotations
 
 import json
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from specgraft.bench.records import AR_END, RESULTS_FILE, ResultRow, read_rows
-from specgraft.bench.repetition import SelfRepetition
-
-OVERALL = "overall"
-PHASES = ("prefill", "draft", "forward", "verify", "commit", "observe")
+from specgraft.bench.plots import write_plots
+from specgraft.bench.records import RESULTS_FILE, read_rows
+from specgraft.bench.summary import OVERALL, PHASES, Summary, common_rows, summarize
 
 DEFINITIONS = """\
 - **speedup** (per task) = total `ar` time / total method time over the task's generations (each prompt and turn); **overall** = the same ratio over all generations. `vs HF` uses HF plain `generate` (`hf`) as the baseline instead of our `ar`. In a bracketed run `ar` runs twice on every input, first and last (`ar-end`), and its time is the mean of the two, so a drift of the machine's speed during a prompt cancels to first order; the *baseline drift* table shows how far the two runs differed. A resumed session that adds methods to an input runs `ar` again, and each row is compared with the `ar` of its own session.
@@ -43,183 +39,8 @@ DEFINITIONS = """\
 - **tokens/s** = new tokens / generation time (prefill included), `time.perf_counter()` around generation only, after a warm-up, every method in the same process with the same dtype and threads.
 - **agreement** with `ar` on the same input ids: exact outputs / generations, mean fraction of equal positions, earliest first divergence (token index). Greedy verification is lossless, but a pass over several rows and a one-row pass round differently (bf16 much more than fp32), so outputs may drift after a near-tie.
 - **retrieval ceiling** = READER's self-repetition metric (sec. 4.1) over the `ar` outputs: response tokens / pointer advances when each advance takes the longest continuation found in the input or the already-processed output; the MAT an infinite retrieval tree over prompt + history would reach (without counting a bonus token).
-- Each method has its own engine over the one loaded model and runs one short warm-up generation on a prompt outside the suites; drafters that learn across generations (Token Recycling's and Graft's successor matrix, `pld`'s copy rates) keep that state through the run, in prompt order.
+- Each method has its own engine over the one loaded model and runs one short warm-up generation on a prompt outside the suites. What drafters learn within a generation (Token Recycling's and Graft's successor matrix, `pld`'s copy rates) starts again from the shared state (priors, `--recycling-state`, the calibration's matrix) on every input (`--learning request`, the default since the core issue), so a row does not depend on the inputs before it; runs made with `--learning shared` (and runs that predate the option) keep that state through the run, in prompt order.
 - Absolute times on a shared machine are noisy; ratios measured in one run are the meaningful figures."""
-
-
-@dataclass
-class Cell:
-    """One method on one task (or ``overall``), pooled over its generations."""
-
-    method: str
-    task: str
-    peer: bool
-    generations: int = 0
-    new_tokens: int = 0
-    steps: int | None = 0
-    time_s: float = 0.0
-    # ar's (and hf's) time over the same generations, for the speedup ratios
-    ar_time_s: float = 0.0
-    hf_time_s: float | None = 0.0
-    # prefill time of this method and of ar (None for peers), for the decode-only speedup
-    prefill_s: float | None = 0.0
-    ar_prefill_s: float = 0.0
-    exact: int = 0
-    fraction_equal_sum: float = 0.0
-    first_divergence: int | None = None
-    tokens_per_step: Counter = field(default_factory=Counter)
-    proposed_by_source: Counter = field(default_factory=Counter)
-    accepted_by_source: Counter = field(default_factory=Counter)
-    phase_s: Counter = field(default_factory=Counter)
-
-    @property
-    def mat(self) -> float | None:
-        return self.new_tokens / self.steps if self.steps else None
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.time_s if self.time_s > 0 else 0.0
-
-    @property
-    def speedup(self) -> float | None:
-        return self.ar_time_s / self.time_s if self.time_s > 0 and self.ar_time_s > 0 else None
-
-    @property
-    def speedup_hf(self) -> float | None:
-        return self.hf_time_s / self.time_s if self.time_s > 0 and self.hf_time_s else None
-
-    @property
-    def decode_speedup(self) -> float | None:
-        """Speedup with both prefills taken out: (ar time - ar prefill) / (time - prefill)."""
-        if self.prefill_s is None:
-            return None
-        mine, base = self.time_s - self.prefill_s, self.ar_time_s - self.ar_prefill_s
-        return base / mine if mine > 0 and base > 0 else None
-
-    @property
-    def mean_fraction_equal(self) -> float:
-        return self.fraction_equal_sum / self.generations if self.generations else 0.0
-
-    def add(self, row: ResultRow, ar: ResultRow | None, hf: ResultRow | None, ar_end: ResultRow | None = None) -> None:
-        """Pool ``row``; its baseline is ``ar`` (the mean of ``ar`` and ``ar_end`` when bracketed)."""
-        assert ar is not None, f"no ar row for prompt {row.prompt_id!r} turn {row.turn}"
-        bases = [ar] if ar_end is None else [ar, ar_end]
-        self.generations += 1
-        self.new_tokens += row.new_tokens
-        self.time_s += row.time_s
-        self.ar_time_s += sum(b.time_s for b in bases) / len(bases)
-        self.ar_prefill_s += sum((b.time_breakdown_s or {}).get("prefill", 0.0) for b in bases) / len(bases)
-        if row.time_breakdown_s is None or self.prefill_s is None:
-            self.prefill_s = None
-        else:
-            self.prefill_s += row.time_breakdown_s["prefill"]
-        if hf is None or self.hf_time_s is None:
-            self.hf_time_s = None
-        else:
-            self.hf_time_s += hf.time_s
-        if row.steps is None or self.steps is None:
-            self.steps = None
-        else:
-            self.steps += row.steps
-        self.exact += bool(row.agreement["exact"])
-        self.fraction_equal_sum += row.agreement["fraction_equal"]
-        first = row.agreement["first_divergence"]
-        if first is not None:
-            self.first_divergence = first if self.first_divergence is None else min(self.first_divergence, first)
-        for k, v in (row.tokens_per_step or {}).items():
-            self.tokens_per_step[int(k)] += v
-        self.proposed_by_source.update(row.proposed_by_source or {})
-        self.accepted_by_source.update(row.accepted_by_source or {})
-        for k, v in (row.time_breakdown_s or {}).items():
-            self.phase_s[k] += v
-
-
-@dataclass
-class Summary:
-    methods: list[str]
-    tasks: list[str]
-    # (method, task) -> Cell; task OVERALL pools every task
-    cells: dict[tuple[str, str], Cell]
-    # task -> pooled self-repetition of the ar outputs (OVERALL included)
-    ceiling: dict[str, SelfRepetition]
-    # task -> number of distinct prompts
-    prompts: dict[str, int]
-    sessions: list[str]
-    # task -> ar-end time / ar time of every bracketed generation (OVERALL included; empty if none)
-    drift: dict[str, list[float]] = field(default_factory=dict)
-
-    def cell(self, method: str, task: str) -> Cell | None:
-        return self.cells.get((method, task))
-
-
-def summarize(rows: Sequence[ResultRow]) -> Summary:
-    """Pool rows per (method, task) and overall; speedups pair each row with ``ar`` (and ``hf``)
-    on the same (prompt, turn), measured in the row's own session.
-
-    A resumed session that adds methods to an input measures its baselines again
-    (:func:`specgraft.bench.runner.to_measure`), so an input may hold several ``ar`` rows: each
-    row pairs with the one of its session (the first one if its session has none), and a
-    method's cell pools only the first row of each input.
-    """
-    first: dict[tuple[str, int, str], ResultRow] = {}
-    by_session: dict[tuple[str, int, str, str], ResultRow] = {}
-    for r in rows:
-        first.setdefault(r.key, r)
-        by_session.setdefault((*r.key, r.session), r)
-
-    def base(r: ResultRow, method: str) -> ResultRow | None:
-        return by_session.get((r.prompt_id, r.turn, method, r.session)) or first.get((r.prompt_id, r.turn, method))
-
-    methods = list(dict.fromkeys(r.method for r in rows if r.method != AR_END))
-    if "ar" in methods:
-        methods = ["ar", *[m for m in methods if m != "ar"]]
-    tasks = list(dict.fromkeys(r.task for r in rows))
-    cells: dict[tuple[str, str], Cell] = {}
-    drift: dict[str, list[float]] = {}
-    for r in rows:
-        ar = base(r, "ar")
-        if r.method == AR_END:
-            if ar is not None and ar.time_s > 0:
-                for task in (r.task, OVERALL):
-                    drift.setdefault(task, []).append(r.time_s / ar.time_s)
-            continue
-        if first[r.key] is not r:
-            continue
-        hf, ar_end = base(r, "hf"), base(r, AR_END)
-        for task in (r.task, OVERALL):
-            cell = cells.setdefault((r.method, task), Cell(r.method, task, r.peer))
-            cell.add(r, ar, hf, ar_end)
-    ceiling = {}
-    for task in [*tasks, OVERALL]:
-        parts = [
-            SelfRepetition(**r.self_repetition)
-            for r in first.values()
-            if r.method == "ar" and r.self_repetition and (task == OVERALL or r.task == task)
-        ]
-        if parts:
-            ceiling[task] = SelfRepetition.pool(parts)
-    prompts = {t: len({r.prompt_id for r in rows if r.task == t}) for t in tasks}
-    prompts[OVERALL] = len({r.prompt_id for r in rows})
-    sessions = list(dict.fromkeys(r.session for r in rows))
-    return Summary(methods, tasks, cells, ceiling, prompts, sessions, drift)
-
-
-def common_rows(rows: Sequence[ResultRow]) -> list[ResultRow]:
-    """The rows of the inputs (prompt, turn) that every method in ``rows`` ran.
-
-    A resumed run may add methods on some prompts only; speedups of two methods are comparable only
-    on the same inputs, so the report adds an overall table over these.
-
-    >>> from types import SimpleNamespace as R
-    >>> rows = [R(prompt_id=p, turn=0, method=m) for p, m in [("a", "ar"), ("a", "x"), ("b", "ar")]]
-    >>> [(r.prompt_id, r.method) for r in common_rows(rows)]
-    [('a', 'ar'), ('a', 'x')]
-    """
-    methods = {r.method for r in rows}
-    ran: dict[tuple[str, int], set[str]] = {}
-    for r in rows:
-        ran.setdefault((r.prompt_id, r.turn), set()).add(r.method)
-    return [r for r in rows if ran[(r.prompt_id, r.turn)] == methods]
 
 
 # -- markdown ------------------------------------------------------------------------------
@@ -424,8 +245,6 @@ def render_markdown(
 
 def write_report(out_dir: str | Path) -> Path:
     """Render ``report.md`` and ``plots/*.png`` from ``out_dir/results.jsonl``; returns the report path."""
-    from specgraft.bench.plots import write_plots
-
     out_dir = Path(out_dir)
     if not (out_dir / RESULTS_FILE).exists():
         raise ValueError(f"{out_dir}: no {RESULTS_FILE} here; pass the --out directory of a benchmark run")

@@ -36,15 +36,16 @@ from typing import Any, Sequence
 
 from rich.console import Console
 
-from specgraft.bench.compare import agreement
+from specgraft.agreement import agreement
 from specgraft.bench.contract import BenchMethod, MethodRun, SpecgraftMethod, with_max_new_tokens
-from specgraft.bench.datasets import BenchPrompt, Suite, load_suite, parse_suite_spec
+from specgraft.suites import BenchPrompt, Suite, load_suite, parse_suite_spec
 from specgraft.bench.environment import environment
 from specgraft.bench.peers import PEERS, HFPeer
 from specgraft.bench.records import AR_END, RESULTS_FILE, ResultRow, append_row, read_rows
 from specgraft.bench.repetition import self_repetition
-from specgraft.methods import METHODS, MethodOptions, method_names
-from specgraft.methods_graft import GraftOptions, check_calibration_budget, load_draft_model, preset_budget, with_sampled_drafts
+from specgraft.methods import LEARNING, METHODS, GraftOptions, MethodOptions, method_names, preset_budget, with_sampled_drafts
+from specgraft.methods.graft import check_calibration_budget
+from specgraft.models.loading import load_draft_model
 
 RUN_FILE = "run.json"
 WARMUP_PROMPT = "Say hello in one short sentence."
@@ -105,6 +106,14 @@ class BenchConfig:
     verify by rejection sampling (``GraftOptions.sample_drafts``)."""
     warmup_tokens: int = 16
     """New tokens of each method's warm-up generation."""
+    device: str = "auto"
+    """Of the target and the draft model: ``auto`` is cuda when a GPU is available, else cpu (the
+    resolved device is recorded: ``resolved_device``)."""
+    learning: str = "request"
+    """``request``: every input starts from the shared drafter state (priors, the warmed-up
+    matrix), so a row does not depend on which inputs ran before it, in this session or an
+    earlier one; ``shared``: what one input teaches the drafters carries over to the next
+    (``MethodOptions.learning``)."""
     bracket: bool = True
     """Run ``ar`` again after the other methods on every input (rows named ``ar-end``); speedups
     then use the mean of the two ``ar`` times, which cancels a slow drift of the machine's speed
@@ -151,7 +160,9 @@ class BenchConfig:
         if self.warmup_tokens < 1:
             raise ValueError(f"warmup_tokens must be >= 1, got {self.warmup_tokens}")
         SamplingConfig(temperature=self.temperature, seed=self.seed)
-        parse_dtype(self.dtype)
+        parse_dtype(self.dtype, self.resolved_device)
+        if self.learning not in LEARNING:
+            raise ValueError(f"learning must be one of {', '.join(LEARNING)}, got {self.learning!r}")
         if self.recycling_state is not None and not Path(self.recycling_state).is_file():
             raise ValueError(f"recycling state {self.recycling_state!r} does not exist")
         for method, budget in self.budgets.items():
@@ -169,11 +180,18 @@ class BenchConfig:
         return ("ar", *ours, *peers, *((AR_END,) if self.bracket else ()))
 
     @property
+    def resolved_device(self) -> str:
+        """``device`` with ``auto`` resolved on this machine, e.g. ``"cpu"``."""
+        from specgraft.models.hf import resolve_device
+
+        return str(resolve_device(self.device))
+
+    @property
     def resolved_dtype(self) -> str:
-        """``dtype`` with ``auto`` resolved on this machine, e.g. ``"float32"``."""
+        """``dtype`` with ``auto`` resolved on this machine and device, e.g. ``"float32"``."""
         from specgraft.models.hf import parse_dtype
 
-        return str(parse_dtype(self.dtype)).replace("torch.", "")
+        return str(parse_dtype(self.dtype, self.resolved_device)).replace("torch.", "")
 
     @property
     def budgets(self) -> dict[str, int]:
@@ -194,14 +212,14 @@ class BenchConfig:
         """The options every registry method is built with."""
         graft = GraftOptions(draft_model=self.draft_model, draft_dtype=self.dtype, preset=self.preset, calibration=self.calibration)
         if self.sample_drafts:
-            graft = with_sampled_drafts(graft, self.temperature, self.seed)
-        return MethodOptions(recycling_state=self.recycling_state, graft=graft)
+            graft = with_sampled_drafts(graft, self.temperature)
+        return MethodOptions(recycling_state=self.recycling_state, graft=graft, learning=self.learning)
 
     def comparable(self) -> dict[str, Any]:
         """Fields that must be equal for rows from two sessions to be reported together
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
-                "recycling_state", "calibration", "bracket", "preset", "sample_drafts")
+                "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning")
         return {k: getattr(self, k) for k in keep}
 
     def to_dict(self) -> dict[str, Any]:
@@ -235,6 +253,10 @@ class BenchConfig:
             parts += ["--preset", self.preset]
         if self.sample_drafts:
             parts += ["--sample-drafts"]
+        if self.device != "auto":
+            parts += ["--device", self.device]
+        if self.learning != "request":
+            parts += ["--learning", self.learning]
         if not self.bracket:
             parts += ["--no-bracket"]
         parts += ["--out", self.out]
@@ -283,12 +305,14 @@ def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
     target; its tokenizer must have the target's vocabulary)."""
     from specgraft.api import SpecDecoder
 
-    decoder = SpecDecoder.from_pretrained(cfg.model, method="ar", dtype=cfg.dtype, options=options, progress=cfg.progress)
+    decoder = SpecDecoder.from_pretrained(
+        cfg.model, method="ar", dtype=cfg.dtype, device=cfg.resolved_device, options=options, progress=cfg.progress
+    )
     if decoder.tokenizer is None:
         raise ValueError(f"model {cfg.model!r} has no tokenizer; the benchmark needs one")
     draft = None
     if cfg.draft_model:
-        draft = load_draft_model(cfg.draft_model, cfg.dtype, progress=cfg.progress, target_tokenizer=decoder.tokenizer)
+        draft = load_draft_model(cfg.draft_model, cfg.dtype, decoder.target.device, progress=cfg.progress, target_tokenizer=decoder.tokenizer)
     return LoadedModels(decoder, draft)
 
 
@@ -360,7 +384,8 @@ def _session_id() -> str:
 
 
 # Config fields added after runs were first recorded: their value in a run.json that predates them.
-_RECORDED_SINCE = {"preset": "cpu", "sample_drafts": False}
+#: Runs made before ``learning`` existed kept every drafter's state across the session's inputs.
+_RECORDED_SINCE = {"preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared"}
 
 
 def _check_resume(out: Path, cfg: BenchConfig) -> None:
@@ -433,7 +458,10 @@ def _write_run_info(cfg: BenchConfig, suite: Suite, session: Session, notes: lis
     # budgets of methods only earlier sessions ran stay on record for the next resume check
     budgets = {**before.get("config", {}).get("budgets", {}), **cfg.budgets}
     info = {
-        "config": {**cfg.to_dict(), "run_methods": list(cfg.run_methods), "resolved_dtype": cfg.resolved_dtype, "budgets": budgets},
+        "config": {
+            **cfg.to_dict(), "run_methods": list(cfg.run_methods), "resolved_dtype": cfg.resolved_dtype,
+            "resolved_device": cfg.resolved_device, "budgets": budgets,
+        },
         "command": cfg.to_command(),
         "environment": session.environment,
         "suite": {"sources": list(suite.sources), "tasks": suite.tasks, "prompts": len(suite.prompts)},

@@ -1,5 +1,5 @@
-"""KV-cache operations: keep exactly the rows of the accepted path."""
+"""The KV cache: preallocated per-sequence slots, commit by an in-place gather (``slots.py``)."""
 
-from specgraft.cache.commit import commit_cache, commit_cache_reference
+from specgraft.cache.slots import SlotCache
 
-__all__ = ["commit_cache", "commit_cache_reference"]
+__all__ = ["SlotCache"]

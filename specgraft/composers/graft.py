@@ -15,7 +15,7 @@ Under a fixed verification budget ``K`` (Graft sections 2-3, Appendix A, Algorit
    ``8+10+8+6+5+4+4+4+3``, ``d1`` 36, ``d5`` 20; for other budgets the ``K_ret`` nodes of the
    stage template with the highest prior acceptance, :func:`~specgraft.tree.templates.scale_template`).
    The root-centred envelope holding every stage's template is filled once per step,
-   independently of drafting (:class:`GraftRetrieval`); the composer takes the stage's part.
+   independently of drafting (``drafters/graft_retrieval.py``); the composer takes the stage's part.
 4. The kept draft nodes and the stage's retrieved nodes are merged (shared prefixes
    deduplicated) into one tree of at most ``K`` nodes, verified with the unchanged rule.
 
@@ -50,16 +50,23 @@ still has 60 nodes (eq. 11) when the envelope has enough valid nodes whose prior
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from specgraft.drafters.draft_model import ModelDraft, trim
-from specgraft.drafters.recycling import RecyclingConfig, RecyclingDrafter, SuccessorMatrix
+from specgraft.drafters.recycling import SuccessorMatrix
 from specgraft.tree.build import merge_drafts
-from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, RankTemplate, node_priors, rank_template, scale_template
+from specgraft.tree.paths import best_path
+from specgraft.tree.templates import FULL_ENVELOPE, STAGE_TEMPLATES, RankTemplate, node_priors, scale_template, union_template
 from specgraft.types import Draft, DraftTree
+
+if TYPE_CHECKING:
+    from specgraft.drafters.graft_retrieval import EnvelopeDraft
+
+#: The source name of retrieved nodes (``GraftRetrieval.name``).
+RETRIEVAL_SOURCE = "retrieval"
 
 #: The paper's budget and per-stage split (Appendix A: 8/24/40 draft nodes of 60).
 PAPER_BUDGET = 60
@@ -123,40 +130,6 @@ class GraftConfig:
         return fixed.get(self.variant)
 
 
-def union_template(templates: Sequence[RankTemplate]) -> tuple[RankTemplate, list[np.ndarray]]:
-    """One template holding every rank path of ``templates``, and where each template's nodes sit in it.
-
-    >>> u, where = union_template([rank_template([2], k=2), rank_template([1, 1], k=2)])
-    >>> u.rank_paths, [w.tolist() for w in where]
-    ([(0,), (1,), (0, 0)], [[0, 1], [0, 2]])
-    """
-    paths = sorted({p for t in templates for p in t.rank_paths}, key=lambda p: (len(p), p))
-    pos = {p: i for i, p in enumerate(paths)}
-    parents = [pos[p[:-1]] if len(p) > 1 else -1 for p in paths]
-    depth = max((len(p) for p in paths), default=0)
-    levels = [np.array([i for i, p in enumerate(paths) if len(p) == d], dtype=np.int64) for d in range(1, depth + 1)]
-    ranks = np.array([p[-1] for p in paths], dtype=np.int64)
-    union = RankTemplate(rank_paths=paths, parents=parents, ranks=ranks, levels=levels)
-    return union, [np.array([pos[p] for p in t.rank_paths], dtype=np.int64) for t in templates]
-
-
-def fill_rank_template(matrix: SuccessorMatrix, root: int, template: RankTemplate) -> np.ndarray:
-    """``[T]`` token of every template node at ``root`` (``-1``: unknown row or invalid parent).
-
-    Same gathers as :meth:`SuccessorMatrix.fill_template`, which also drops the invalid nodes;
-    here they stay so that node ``i`` is still template node ``i``.
-    """
-    toks = np.full(len(template), -1, dtype=np.int64)
-    par = np.asarray(template.parents, dtype=np.int64)
-    for depth, level in enumerate(template.levels):
-        parent_tok = np.full(len(level), root, dtype=np.int64) if depth == 0 else toks[par[level]]
-        valid = parent_tok >= 0
-        out = np.full(len(level), -1, dtype=np.int64)
-        out[valid] = matrix.table[parent_tok[valid], template.ranks[level][valid]]
-        toks[level] = out
-    return toks
-
-
 @dataclass(frozen=True)
 class BudgetPlan:
     """Everything that depends only on the budget ``K``, computed once per ``K``."""
@@ -215,7 +188,7 @@ def plan_budget(config: GraftConfig, budget: int) -> BudgetPlan:
 
 
 class StagePlanner:
-    """Caches :func:`plan_budget` per budget; shared by :class:`GraftRetrieval` and :class:`GraftComposer`."""
+    """Caches :func:`plan_budget` per budget; shared by ``GraftRetrieval`` and :class:`GraftComposer`."""
 
     def __init__(self, config: GraftConfig):
         self.config = config
@@ -225,58 +198,6 @@ class StagePlanner:
         if budget not in self._plans:
             self._plans[budget] = plan_budget(self.config, budget)
         return self._plans[budget]
-
-
-@dataclass
-class EnvelopeDraft(Draft):
-    """The filled retrieval envelope; ``template_nodes[i]`` is node ``i``'s envelope template node."""
-
-    template_nodes: list[int] = field(default_factory=list)
-    budget: int = 0
-    """The budget whose :class:`BudgetPlan` envelope this is (the composer must use the same)."""
-
-
-class GraftRetrieval(RecyclingDrafter):
-    """Graft's retrieval source (source ``retrieval``): Token Recycling's successor matrix and
-    updates (prefill rows, every verified node's top-k), proposing the whole root-centred
-    envelope of :class:`BudgetPlan`; :class:`GraftComposer` takes the part the stage needs.
-
-    The envelope can hold more than ``budget`` nodes: it is only meant for ``GraftComposer``.
-    """
-
-    name: ClassVar[str] = "retrieval"
-
-    def __init__(self, vocab_size: int, planner: StagePlanner, matrix: SuccessorMatrix | None = None):
-        super().__init__(vocab_size, RecyclingConfig(k=planner.config.k), matrix)
-        self.planner = planner
-
-    def propose(self, context: Sequence[int], budget: int) -> EnvelopeDraft:
-        plan = self.planner.plan(budget)
-        toks = fill_rank_template(self.matrix, int(context[-1]), plan.envelope)
-        keep = np.flatnonzero(toks >= 0)
-        new_index = np.full(len(toks), -1, dtype=np.int64)
-        new_index[keep] = np.arange(len(keep))
-        par = plan.envelope.parents
-        return EnvelopeDraft(
-            source=self.name,
-            tokens=toks[keep].tolist(),
-            parents=[int(new_index[par[i]]) if par[i] >= 0 else -1 for i in keep],
-            template_nodes=keep.tolist(),
-            budget=budget,
-        )
-
-
-def envelope_part(envelope: EnvelopeDraft, nodes: np.ndarray) -> Draft:
-    """The envelope nodes that belong to the template nodes ``nodes`` (a closed set), reindexed."""
-    wanted = np.zeros(max(envelope.template_nodes, default=-1) + 1, dtype=bool)
-    wanted[nodes[nodes < len(wanted)]] = True
-    keep = [i for i, t in enumerate(envelope.template_nodes) if wanted[t]]
-    new_index = {old: new for new, old in enumerate(keep)}
-    return Draft(
-        source=envelope.source,
-        tokens=[envelope.tokens[i] for i in keep],
-        parents=[new_index[envelope.parents[i]] if envelope.parents[i] >= 0 else -1 for i in keep],
-    )
 
 
 def retrieval_part(envelope: EnvelopeDraft, scores: np.ndarray) -> Draft:
@@ -295,44 +216,21 @@ def retrieval_part(envelope: EnvelopeDraft, scores: np.ndarray) -> Draft:
         retrieval_part(envelope, np.array([1.45, np.nan, 0.2]))   # tokens of (0,) and (0, 0)
     """
     keep = [i for i, t in enumerate(envelope.template_nodes) if not np.isnan(scores[t])]
-    new_index = {old: new for new, old in enumerate(keep)}
-    return Draft(
-        source=envelope.source,
-        tokens=[envelope.tokens[i] for i in keep],
-        parents=[new_index[envelope.parents[i]] if envelope.parents[i] >= 0 else -1 for i in keep],
-        scores=[float(scores[envelope.template_nodes[i]]) for i in keep],
-    )
-
-
-def best_path(draft: Draft) -> list[int]:
-    """Nodes from the root to a leaf, taking the best-scoring child each time (the first child without scores)."""
-    children: list[list[int]] = [[] for _ in range(len(draft) + 1)]
-    for i, p in enumerate(draft.parents):
-        children[p + 1].append(i)
-    path: list[int] = []
-    node = -1
-    while children[node + 1]:
-        kids = children[node + 1]
-        node = max(kids, key=lambda c: (draft.scores[c], -c)) if draft.scores is not None else kids[0]
-        path.append(node)
-    return path
+    scored = Draft(source=envelope.source, tokens=envelope.tokens, parents=envelope.parents,
+                   scores=[float(scores[t]) for t in envelope.template_nodes])
+    return scored.subset(keep)
 
 
 class GraftComposer:
     """Builds Graft's hybrid tree (or one of its ablation variants) from a :class:`ModelDraft`
-    and, for retrieval variants, an :class:`EnvelopeDraft`. ``matrix`` is needed by ``graft-tail``
-    (it fills the template at a draft leaf)."""
+    and, for retrieval variants, an :class:`EnvelopeDraft` (``graft-tail`` fills its template
+    at a draft leaf from the envelope's matrix: the sequence's own). Holds no per-sequence state."""
 
-    def __init__(
-        self, config: GraftConfig = GraftConfig(), planner: StagePlanner | None = None, matrix: SuccessorMatrix | None = None
-    ):
+    def __init__(self, config: GraftConfig = GraftConfig(), planner: StagePlanner | None = None):
         self.config = config
         self.planner = planner if planner is not None else StagePlanner(config)
         if self.planner.config != config:
             raise ValueError("the planner was built for another GraftConfig")
-        if config.retrieval == "tail" and matrix is None:
-            raise ValueError("graft-tail needs the successor matrix")
-        self.matrix = matrix
 
     def stage_of(self, draft: ModelDraft) -> int | None:
         """The stage whose split applies: the draft's pruning stage, the fixed one, or None (all draft)."""
@@ -343,7 +241,7 @@ class GraftComposer:
     def build(self, drafts: Sequence[Draft], budget: int) -> DraftTree:
         model_drafts = [d for d in drafts if isinstance(d, ModelDraft)]
         assert len(model_drafts) == 1, f"Graft composes one draft-model draft, got {len(model_drafts)}"
-        envelopes = [d for d in drafts if isinstance(d, EnvelopeDraft)]
+        envelopes = [d for d in drafts if d.source == RETRIEVAL_SOURCE]
         assert len(envelopes) <= 1, "Graft composes at most one retrieval envelope"
         draft = model_drafts[0]
         return self.compose(draft, envelopes[0] if envelopes else None, budget, self.stage_of(draft))
@@ -374,7 +272,8 @@ class GraftComposer:
             retrieved = retrieval_part(envelope, plan.stage_scores[stage])
             return merge_drafts([kept, retrieved], budget, offers=offers)
         if self.config.retrieval == "tail" and plan.k_ret[stage] > 0:
-            tail = self.tail_part(kept, plan.stage_templates[stage])
+            assert envelope is not None, "graft-tail fills its template from the sequence's matrix (GraftRetrieval)"
+            tail = self.tail_part(kept, plan.stage_templates[stage], envelope.matrix)
             return merge_drafts([kept, tail] if tail is not None else [kept], budget)
         return merge_drafts([kept], budget)
 
@@ -402,26 +301,15 @@ class GraftComposer:
             n = max(n, sum(draft.layer_sizes[: draft.checkpoints[stage]]))
         return min(n, plan.budget)
 
-    def tail_part(self, kept: Draft, template: RankTemplate) -> Draft | None:
+    @staticmethod
+    def tail_part(kept: Draft, template: RankTemplate, matrix: SuccessorMatrix) -> Draft | None:
         """``template`` filled from the last token of the best draft path, anchored under that
         path (None when the draft is empty)."""
-        path = best_path(kept)
+        path = best_path(kept.parents, kept.scores)
         if not path:
             return None
-        toks, pars = self.matrix.fill_template(kept.tokens[path[-1]], template)
-        return Draft(source=GraftRetrieval.name, tokens=toks, parents=pars, anchor=tuple(kept.tokens[i] for i in path))
+        toks, pars = matrix.fill_template(kept.tokens[path[-1]], template)
+        return Draft(source=RETRIEVAL_SOURCE, tokens=toks, parents=pars, anchor=tuple(kept.tokens[i] for i in path))
 
 
-__all__ = [
-    "BudgetPlan",
-    "EnvelopeDraft",
-    "GraftComposer",
-    "GraftConfig",
-    "GraftRetrieval",
-    "StagePlanner",
-    "VARIANTS",
-    "fill_rank_template",
-    "plan_budget",
-    "retrieval_part",
-    "union_template",
-]
+__all__ = ["BudgetPlan", "GraftComposer", "GraftConfig", "StagePlanner", "VARIANTS", "plan_budget", "retrieval_part"]

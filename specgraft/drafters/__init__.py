@@ -1,9 +1,7 @@
-"""Drafters: one module per candidate source."""
+"""Drafters: one module per candidate source; the protocol and per-sequence state in ``base.py``."""
 
-from specgraft.drafters.base import Drafter, NullDrafter
+from specgraft.drafters.base import Drafter, Learning
 from specgraft.drafters.pld import PLDConfig, PLDDrafter
 from specgraft.drafters.recycling import RecyclingConfig, RecyclingDrafter, SuccessorMatrix
 
-__all__ = [
-    "Drafter", "NullDrafter", "PLDConfig", "PLDDrafter", "RecyclingConfig", "RecyclingDrafter", "SuccessorMatrix",
-]
+__all__ = ["Drafter", "Learning", "PLDConfig", "PLDDrafter", "RecyclingConfig", "RecyclingDrafter", "SuccessorMatrix"]

@@ -1,19 +1,45 @@
-"""The drafter interface: one small protocol, registered by name.
+"""The drafter interface: one small protocol, shared state on the drafter, per-sequence state apart.
 
 A drafter sees the committed context and proposes a :class:`~specgraft.types.Draft` rooted at
 the root token (the last context token); after every verify pass it may learn from the
 :class:`~specgraft.types.StepResult`. Drafters never verify and never touch the target's cache.
+
+**State.** A drafter object holds only what all sequences share and read: weights, a draft
+model's adapter, a warmed-up successor matrix, prior copy rates. Everything that belongs to
+one sequence (its context, the draft model's cache slot, a PTD pool, what it learned) lives
+in the state object that :meth:`Drafter.begin` returns for that sequence; the engine keeps
+it in its per-sequence :class:`~specgraft.engine.SequenceState` and passes it back to
+``propose``/``observe``, and :meth:`Drafter.end` frees it. So one drafter can serve many
+sequences at once (batched serving) and one user's text never reaches another's drafts.
+
+**What is learned across requests** is an explicit choice (:class:`Learning`): by default
+(``Learning.REQUEST``) a request starts from the shared state and nothing it learns flows
+back; ``Learning.SHARED`` writes what each request learns into the shared state, so later
+requests start from it (Token Recycling's matrix and PLD's copy rates keep improving, as in
+their papers' single-user setting; the successor matrix then carries token transitions of one
+request into the drafts of the next, so use it only where all requests come from one party).
+
 A feature-level drafter (an EAGLE-style head) sets ``needs_hidden = True`` and reads
-``StepResult.hidden``.
+``StepResult.hidden``; one that wants the target's view of the prompt asks for it in
+:meth:`Drafter.prefill_request` (top-k successors, hidden states).
 """
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Protocol, Sequence, runtime_checkable
+import enum
+from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
-import torch
+from specgraft.config import GenerationConfig
+from specgraft.types import Draft, PrefillOutput, PrefillRequest, StepResult
 
-from specgraft.types import Draft, StepResult
+
+class Learning(str, enum.Enum):
+    """Whether what a request learns (copy rates, successor rows) is kept for later requests."""
+
+    REQUEST = "request"
+    """Every request starts from the shared state; what it learns is dropped at its end (default)."""
+    SHARED = "shared"
+    """What a request learns is written to the shared state and seen by later requests (opt-in)."""
 
 
 @runtime_checkable
@@ -21,37 +47,31 @@ class Drafter(Protocol):
     name: ClassVar[str]
     needs_hidden: ClassVar[bool]
 
-    def begin(self, prompt: Sequence[int], prefill_topk: torch.Tensor | None) -> None:
-        """Start a generation. ``prefill_topk`` ([len(prompt) - 1, k]) holds the target's top-k
-        successors of every prompt token but the last, when ``prefill_topk_k() > 0``."""
+    def prefill_request(self) -> PrefillRequest:
+        """What :meth:`begin` wants from the target's prefill of the prompt."""
 
-    def prefill_topk_k(self) -> int:
-        """How many successor ids per prompt position ``begin`` wants (0 = none)."""
+    def begin(self, prompt: Sequence[int], prefill: PrefillOutput, config: GenerationConfig) -> Any:
+        """Start a sequence; return its state. ``prefill`` covers every prompt token but the last
+        (the first root), as :meth:`prefill_request` asked; ``config`` is the generation's (its
+        sampling config shapes sampled drafts)."""
 
-    def propose(self, context: Sequence[int], budget: int) -> Draft:
+    def propose(self, state: Any, context: Sequence[int], budget: int) -> Draft:
         """Candidates for the tokens after ``context[-1]`` (the root), at most ``budget`` nodes."""
 
-    def observe(self, step: StepResult) -> None:
+    def observe(self, state: Any, step: StepResult) -> None:
         """Learn from a verify pass (accepted and rejected nodes, target logits)."""
 
+    def end(self, state: Any) -> None:
+        """The sequence is over: free what its state holds (a cache slot), keep what is shared."""
 
-class NullDrafter:
-    """Proposes nothing: the engine then runs plain autoregressive decoding (method ``ar``)."""
 
-    name: ClassVar[str] = "ar"
+class StatelessDrafter:
+    """Defaults for drafters with nothing to ask of the prefill and nothing to free."""
+
     needs_hidden: ClassVar[bool] = False
 
-    def begin(self, prompt: Sequence[int], prefill_topk: torch.Tensor | None) -> None:
+    def prefill_request(self) -> PrefillRequest:
+        return PrefillRequest()
+
+    def end(self, state: Any) -> None:
         pass
-
-    def prefill_topk_k(self) -> int:
-        return 0
-
-    def propose(self, context: Sequence[int], budget: int) -> Draft:
-        return Draft(source=self.name, tokens=[], parents=[])
-
-    def observe(self, step: StepResult) -> None:
-        pass
-
-
-DrafterFactory = Callable[..., Drafter]

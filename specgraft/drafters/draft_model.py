@@ -3,9 +3,10 @@ tree the way EAGLE-2 does (Graft's base drafter, method ``draft-tree``).
 
 One proposal, for the root token ``r`` (the last committed token):
 
-1. **Root forward.** The draft model's cache holds every committed token but the root, like the
-   target's. Tokens accepted last step that the draft has not cached yet (retrieved ones, or
-   the leaf it never fed) are fed in the same forward as ``r``, so catching up costs nothing.
+1. **Root forward.** The draft model's cache slot (one per sequence, on the same adapter as the
+   target: ``models/hf.py``) holds every committed token but the root, like the target's.
+   Tokens accepted last step that the draft has not cached yet (retrieved ones, or the leaf it
+   never fed) are fed in the same forward as ``r``, so catching up costs nothing.
 2. **Layers.** Layer 1 is the ``top_k`` most likely tokens after ``r``. Each deeper layer comes
    from *one* draft forward over the ``top_k`` best nodes of the previous layer (tree attention:
    each fed row sees the cache, its ancestors and itself), each contributing its ``top_k``
@@ -14,6 +15,10 @@ One proposal, for the root token ``r`` (the last committed token):
    ``depth`` forwards.
 3. **Rerank.** The ``budget`` best nodes by path score are kept, best-first, a node only after
    its parent (``S`` never increases along a path, so this is the plain top-``budget``).
+
+Token ids, parent rows and scores stay on the model's device while the layers are drafted
+(no host sync per layer); the tree comes to the host once per proposal, plus one scalar per
+confidence checkpoint (a gate decides on the host whether to run the next forward).
 
 Worked example, ``top_k = 2``, ``depth = 2``, root ``r``: the root forward gives
 ``q(a) = 0.6, q(b) = 0.3`` -> layer 1 ``[a, b]`` with scores ``[log .6, log .3]``; one forward
@@ -30,9 +35,12 @@ a smaller draft share of the budget. ``c_d`` is computed from the distributions 
 ``d`` (``max_t S(parent) + log q(t | parent)``), which is eq. 6 exactly for top-k children and,
 for sampled children, keeps the decision independent of the sampled values (see below).
 
-**Sampling mode** (``sample=True``). Each expanded node's children are the distinct values of
-``top_k`` i.i.d. draws from ``q`` (in order of first appearance) and every child carries ``q``
-as its ``draft_probs`` row, so the verifier can use recursive rejection sampling. That rule is
+**Sampling mode** (``sample=True``, in a sampling generation). Each expanded node's children
+are the distinct values of ``top_k`` i.i.d. draws from ``q``, the draft's distribution shaped
+by the generation's own sampling config (temperature, top-k, top-p: ``verify.target_probs``,
+so no draft mass lands where the target's processed distribution is 0), in order of first
+appearance, and ``q`` is the children's ``draft_probs`` row (one row per expanded node), so
+the verifier can use recursive rejection sampling. That rule is
 exact only if a node's children list is a value-independent prefix of such draws; so in this
 mode nothing cuts or reorders children by their own scores: the budget keeps the first
 ``budget`` nodes in creation order (layer by layer, parents in score order), and ``scores`` are
@@ -71,9 +79,11 @@ from typing import ClassVar, Protocol, Sequence
 import torch
 from torch import nn
 
-from specgraft.cache.commit import commit_cache
-from specgraft.models.hf import HFTarget
-from specgraft.types import Draft, StepResult
+from specgraft.config import GenerationConfig, SamplingConfig
+from specgraft.drafters.base import StatelessDrafter
+from specgraft.models.hf import HFTarget, synchronize
+from specgraft.types import Draft, PrefillOutput, RowsOutput, StepResult, reindex
+from specgraft.verify.processing import target_probs
 
 
 def check_vocab(target_vocab: int | None, draft_vocab: int) -> None:
@@ -98,11 +108,12 @@ class DraftTreeConfig:
     thresholds: tuple[float, ...] | None = None
     """``tau_d`` per checkpoint: drafting stops when ``c_d <= tau_d``. None = record ``c_d`` only, never stop."""
     sample: bool = False
-    """Draw children i.i.d. from the draft distribution and attach ``draft_probs`` (for rejection sampling)."""
-    temperature: float = 1.0
-    """The draft distribution is ``softmax(logits / temperature)`` (scores and sampling)."""
+    """In a sampling generation, draw children i.i.d. from the draft distribution (processed by
+    the generation's sampling config) and attach ``draft_probs`` (for rejection sampling).
+    Greedy generations always draft the top-k."""
     seed: int = 0
-    """Seed of the drafter's own generator (sampling mode); reseeded at every ``begin``."""
+    """Offset of each sequence's draft-sampler seed from its generation's sampling seed
+    (sampling mode; see :meth:`DraftModelDrafter.begin`)."""
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -118,8 +129,6 @@ class DraftTreeConfig:
                 raise ValueError(f"{len(self.thresholds)} thresholds for {len(self.checkpoints)} checkpoints")
             if any(not 0.0 <= t <= 1.0 for t in self.thresholds):
                 raise ValueError(f"thresholds must lie in [0, 1], got {self.thresholds}")
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
 
 
 @dataclass(frozen=True)
@@ -160,21 +169,6 @@ class ModelDraft(Draft):
     checkpoints: tuple[int, ...] = ()
     """The drafter's checkpoint depths (``stage`` indexes them)."""
 
-    def subset(self, keep: Sequence[int]) -> "ModelDraft":
-        """The nodes ``keep`` (ascending, closed under parents), reindexed."""
-        new_index = {old: new for new, old in enumerate(keep)}
-        return ModelDraft(
-            source=self.source,
-            tokens=[self.tokens[i] for i in keep],
-            parents=[new_index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep],
-            scores=[self.scores[i] for i in keep] if self.scores is not None else None,
-            draft_probs=self.draft_probs[list(keep)] if self.draft_probs is not None else None,
-            stage=self.stage,
-            confidences=list(self.confidences),
-            layer_sizes=list(self.layer_sizes),
-            checkpoints=self.checkpoints,
-        )
-
 
 def best_first(parents: Sequence[int], scores: Sequence[float], n: int) -> list[int]:
     """Indices of the ``n`` best nodes by score, admitting a node only after its parent (ascending).
@@ -210,134 +204,26 @@ def trim(draft: ModelDraft, n: int) -> ModelDraft:
 
 
 class DraftLanguageModel(Protocol):
-    """What the drafter needs from the draft model: :class:`DraftLM` (tests use table stubs)."""
+    """What the drafter needs from the draft model: :class:`~specgraft.models.hf.HFTarget`'s slots
+    and incremental rows (tests use table stubs)."""
 
     vocab_size: int
-    committed: list[int]
+    max_positions: int
+    device: torch.device
 
-    def begin(self, prompt: Sequence[int]) -> None: ...
+    def allocate(self) -> int: ...
 
-    def room(self, context: Sequence[int]) -> int: ...
+    def release(self, slot: int) -> None: ...
 
-    def start(self, context: Sequence[int]) -> torch.Tensor: ...
+    def length(self, slot: int) -> int: ...
 
-    def expand(self, tokens: Sequence[int], parent_rows: Sequence[int]) -> torch.Tensor: ...
+    def prefill(self, slot: int, tokens: Sequence[int]) -> object: ...
 
-    def commit(self, path_rows: Sequence[int]) -> None: ...
+    def forward_rows(self, slot: int, tokens: Sequence[int] | torch.Tensor, parent_rows: Sequence[int] | torch.Tensor) -> RowsOutput: ...
 
-    def discard(self) -> None: ...
+    def commit(self, slot: int, keep_rows: Sequence[int]) -> None: ...
 
-
-class DraftLM:
-    """The draft model's side: an :class:`HFTarget` (model + ``DynamicCache``) fed row by row.
-
-    The cache holds ``committed`` (every committed token but the root) and then the rows of the
-    current proposal, numbered from 0 (the root); ``commit`` keeps the root and the accepted
-    path with the target's commit operation (``cache/commit.py``), ``discard`` drops them.
-
-    Example::
-
-        lm = DraftLM(model); lm.begin(prompt)       # caches prompt[:-1]
-        root_logits = lm.start(prompt)              # row 0 = the root
-        logits = lm.expand([5, 9], [0, 0])          # rows 1, 2: two children of the root
-        logits = lm.expand([4], [1])                # row 3: child of row 1 (token 5)
-        lm.commit([1, 3])                           # root, 5, 4 accepted: cache += [root, 5, 4]
-    """
-
-    def __init__(self, model: nn.Module | HFTarget):
-        self.hf = model if isinstance(model, HFTarget) else HFTarget(model)
-        self.vocab_size = self.hf.vocab_size
-        self.device = self.hf.device
-        self.committed: list[int] = []
-        # per proposal row (row 0 = root): its token and the rows of its ancestors
-        self._tokens: list[int] = []
-        self._ancestors: list[list[int]] = []
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.hf.reset()
-        self._tokens, self._ancestors = [], []
-        self.hf.prefill(list(prompt[:-1]))
-        self.committed = list(prompt[:-1])
-
-    def room(self, context: Sequence[int]) -> int:
-        """Draft depth that still fits in the draft model's context window after ``context``."""
-        return self.hf.max_positions - len(context)
-
-    def discard(self) -> None:
-        """Drop the rows of an uncommitted proposal."""
-        if self._tokens:
-            self.hf.cache.crop(-len(self._tokens))
-            self._tokens, self._ancestors = [], []
-
-    @torch.inference_mode()
-    def start(self, context: Sequence[int]) -> torch.Tensor:
-        """Catch up with ``context`` and feed the root (row 0); returns its logits ``[V]``."""
-        self.discard()
-        n = len(self.committed)
-        if len(context) <= n or list(context[:n]) != self.committed:
-            self.begin(context)  # not a continuation of what we cached: start over
-        pending = list(context[len(self.committed) : -1])
-        ids = [*pending, int(context[-1])]
-        m = len(ids)
-        pos = list(range(self.hf.past_len, self.hf.past_len + m))
-        hidden = self._forward(ids, pos, torch.ones(m, m, dtype=torch.bool).tril_())
-        # the caught-up tokens are committed at once; the root stays a proposal row
-        self.hf.past_len += len(pending)
-        self.committed += pending
-        self._tokens, self._ancestors = [ids[-1]], [[]]
-        return self._logits(hidden[-1:])[0]
-
-    @torch.inference_mode()
-    def expand(self, tokens: Sequence[int], parent_rows: Sequence[int]) -> torch.Tensor:
-        """Feed ``tokens[i]`` as a child of row ``parent_rows[i]``; returns their logits ``[n, V]``."""
-        old, n = len(self._tokens), len(tokens)
-        assert old > 0, "start() before expand()"
-        # [n, old + n]: the proposal rows each new row may see
-        allowed = torch.zeros(n, old + n, dtype=torch.bool)
-        new_ancestors = []
-        for i, r in enumerate(parent_rows):
-            assert 0 <= r < old, f"parent row {r} is not a fed row"
-            anc = [*self._ancestors[r], r]
-            allowed[i, anc] = True
-            allowed[i, old + i] = True
-            new_ancestors.append(anc)
-        pos = [self.hf.past_len + len(a) for a in new_ancestors]
-        hidden = self._forward(list(tokens), pos, allowed)
-        self._tokens += [int(t) for t in tokens]
-        self._ancestors += new_ancestors
-        return self._logits(hidden)
-
-    def commit(self, path_rows: Sequence[int]) -> None:
-        """Keep the root row and ``path_rows`` (a chain from a child of the root), drop the rest."""
-        assert self._tokens, "nothing to commit"
-        for i, r in enumerate(path_rows):
-            assert self._ancestors[r] == [0, *path_rows[:i]], f"rows {list(path_rows)} are not a path from the root"
-        keep = [0, *path_rows]
-        commit_cache(self.hf.cache, self.hf.past_len, keep)
-        self.hf.past_len += len(keep)
-        self.committed += [self._tokens[r] for r in keep]
-        self._tokens, self._ancestors = [], []
-
-    def _forward(self, ids: list[int], positions: list[int], allowed: torch.Tensor) -> torch.Tensor:
-        """Append rows; ``allowed`` ([n, rows after past_len]) says which uncommitted rows each sees."""
-        hf = self.hf
-        n = len(ids)
-        cols = hf.past_len + allowed.shape[1]
-        # [n, past_len + rows]: the committed prefix is always visible
-        mask = torch.zeros(n, cols, dtype=hf.dtype)
-        mask[:, hf.past_len :].masked_fill_(~allowed, torch.finfo(hf.dtype).min)
-        out = hf.decoder(
-            input_ids=torch.tensor([ids], dtype=torch.long, device=hf.device),
-            attention_mask=mask[None, None].to(hf.device),
-            position_ids=torch.tensor([positions], dtype=torch.long, device=hf.device),
-            past_key_values=hf.cache,
-            use_cache=True,
-        )
-        # [n, H]
-        return out.last_hidden_state[0]
-
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.hf.lm_head(hidden).float()
+    def discard(self, slot: int) -> None: ...
 
 
 @dataclass
@@ -346,19 +232,35 @@ class _Proposal:
 
     # (parent node, token) -> node, over the whole untrimmed pool
     index: dict[tuple[int, int], int]
-    # node -> proposal row (only expanded nodes have one; the root is row 0)
+    # node -> pending row of the draft's slot (only expanded nodes have one)
     rows: dict[int, int]
+    # the root's pending row (the tokens caught up with come before it)
+    root_row: int
 
 
-class DraftModelDrafter:
+@dataclass
+class DraftState:
+    """One sequence's side of the draft model: its cache slot and sampler."""
+
+    slot: int
+    # the draft distribution of sampled children (None: top-k drafting)
+    sampling: SamplingConfig | None
+    generator: torch.Generator | None
+    proposal: _Proposal | None = None
+    # wall time of each draft forward of the last proposal (calibration reads it)
+    forward_s: list[float] = field(default_factory=list)
+
+
+class DraftModelDrafter(StatelessDrafter):
     """EAGLE-2-style tree drafting with a separate draft model (source ``draft``).
 
-    ``model`` is a loaded Hugging Face causal LM (or an :class:`HFTarget` / :class:`DraftLM`
-    around one) whose vocabulary is the target's; ``target_vocab`` checks that.
+    ``model`` is a loaded Hugging Face causal LM (or an :class:`HFTarget` around one, or a
+    :class:`DraftLanguageModel`) whose vocabulary is the target's; ``target_vocab`` checks
+    that. The model and its adapter are shared by every sequence; each sequence drafts in
+    its own cache slot (:class:`DraftState`).
     """
 
     name: ClassVar[str] = "draft"
-    needs_hidden: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -366,135 +268,203 @@ class DraftModelDrafter:
         config: DraftTreeConfig = DraftTreeConfig(),
         target_vocab: int | None = None,
     ):
-        self.lm: DraftLanguageModel = DraftLM(model) if isinstance(model, (nn.Module, HFTarget)) else model
+        self.lm: DraftLanguageModel = HFTarget(model) if isinstance(model, nn.Module) else model
         check_vocab(target_vocab, self.lm.vocab_size)
         self.config = config
-        self.generator = torch.Generator(device="cpu")
-        self._proposal: _Proposal | None = None
-        # [V] draft distribution of each node of the last pool (sampling mode), shared by siblings
-        self._q_rows: list[torch.Tensor] = []
-        # wall time of each draft forward of the last proposal (calibration reads it)
-        self.forward_s: list[float] = []
+        self._checkpoint_of = {d: j for j, d in enumerate(config.checkpoints)}
 
-    def prefill_topk_k(self) -> int:
-        return 0
+    def begin(self, prompt: Sequence[int], prefill: PrefillOutput, config: GenerationConfig) -> DraftState:
+        """Allocate the sequence's slot and prefill the prompt (every token but the root).
 
-    def begin(self, prompt: Sequence[int], prefill_topk: torch.Tensor | None) -> None:
-        self.generator = torch.Generator(device=getattr(self.lm, "device", "cpu"))
-        self.generator.manual_seed(self.config.seed)
-        self._proposal = None
-        self.lm.begin(prompt)
+        The draft sampler's seed follows the generation's: ``sampling seed + 1 + config.seed``
+        (never the sampling seed itself, so the two streams differ), and a fresh random seed when
+        the generation has none. A fixed draft seed under a random sampling seed would draw the
+        same children for the same context in every request while the verifier's draws vary:
+        rejection sampling needs the children to be fresh draws, so that would bias the output.
+        """
+        sampled = self.config.sample and not config.sampling.greedy
+        generator = None
+        if sampled:
+            generator = torch.Generator(device=self.lm.device)
+            if config.sampling.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(config.sampling.seed + 1 + self.config.seed)
+        slot = self.lm.allocate()
+        try:
+            self.lm.prefill(slot, list(prompt[:-1]))
+        except BaseException:
+            self.lm.release(slot)
+            raise
+        return DraftState(slot=slot, sampling=config.sampling if sampled else None, generator=generator)
 
-    def propose(self, context: Sequence[int], budget: int) -> ModelDraft:
-        """The ``budget`` best nodes of :meth:`draft_pool` (see :func:`trim`), with their
-        ``draft_probs`` rows in sampling mode."""
+    def end(self, state: DraftState) -> None:
+        self.lm.release(state.slot)
+
+    def propose(self, state: DraftState, context: Sequence[int], budget: int) -> ModelDraft:
+        """The ``budget`` best nodes of :meth:`draft_pool` (see :func:`trim`)."""
         if budget <= 0:
+            self.lm.discard(state.slot)
+            state.proposal = None
             return ModelDraft(source=self.name, tokens=[], parents=[])
-        kept = trim(self.draft_pool(context), budget)
-        if self.config.sample and len(kept):
-            # sampled drafts are trimmed to a prefix, so kept node i is pool node i
-            kept.draft_probs = torch.stack(self._q_rows[: len(kept)])
-        return kept
+        return trim(self.draft_pool(state, context), budget)
 
-    def draft_pool(self, context: Sequence[int]) -> ModelDraft:
-        """Every drafted node, layer after layer, before trimming to a budget (no ``draft_probs``:
-        :meth:`propose` attaches them to the nodes it keeps)."""
-        cfg = self.config
-        self.forward_s = []
-        self._q_rows = []
-        depth = min(cfg.depth, self.lm.room(context) - 1)
+    def _now(self) -> float:
+        synchronize(self.lm.device)
+        return time.perf_counter()
+
+    def draft_pool(self, state: DraftState, context: Sequence[int]) -> ModelDraft:
+        """Every drafted node, layer after layer, before trimming to a budget."""
+        cfg, lm, slot = self.config, self.lm, state.slot
+        lm.discard(slot)  # a proposal never verified (propose called twice)
+        state.forward_s = []
+        state.proposal = None
+        committed = lm.length(slot)
+        if len(context) <= committed:
+            raise ValueError(f"the context ({len(context)} tokens) is not a continuation of the {committed} the draft cached")
+        depth = min(cfg.depth, lm.max_positions - len(context) - 1)
         if depth < 1:
-            self.lm.discard()
-            self._proposal = None
-            return ModelDraft(source=self.name, tokens=[], parents=[])
-        tokens: list[int] = []
-        parents: list[int] = []
-        scores: list[float] = []
-        index: dict[tuple[int, int], int] = {}
-        rows: dict[int, int] = {-1: 0}
-        confidences: list[float] = []
-        layer_sizes: list[int] = []
-        stage = None
-        checkpoint_of = {d: j for j, d in enumerate(cfg.checkpoints)}
-
-        t0 = time.perf_counter()
+            return ModelDraft(source=self.name, tokens=[], parents=[], checkpoints=cfg.checkpoints)
+        dev = lm.device
+        # the tokens accepted since the last commit, then the root: a chain of pending rows
+        pending = [int(t) for t in context[committed:]]
+        t0 = self._now()
+        out = lm.forward_rows(slot, pending, list(range(-1, len(pending) - 1)))
+        state.forward_s.append(self._now() - t0)
         # [1, V]
-        log_q = self._log_probs(self.lm.start(context)[None])
-        self.forward_s.append(time.perf_counter() - t0)
-        # nodes whose distributions are the rows of log_q (the root first), their path scores
-        frontier = [-1]
-        frontier_scores = [0.0]
+        log_q, q = self._distribution(state, out.logits[-1:])
+        root_row = len(pending) - 1
+        # the frontier: expanded nodes (node id, pending row, path score); the root is node -1
+        frontier_nodes = torch.tensor([-1], device=dev)
+        frontier_rows = torch.tensor([root_row], device=dev)
+        frontier_scores = torch.zeros(1, device=dev)
+        rows_fed = len(pending)
+        # per layer, [layer nodes] each: token, parent node, path score, q row, kept (not a duplicate draw)
+        layers: list[tuple[torch.Tensor, ...]] = []
+        q_tables: list[torch.Tensor] = []
+        expanded: list[tuple[torch.Tensor, torch.Tensor]] = []  # (node ids, pending rows)
+        confidences: list[float] = []
+        stage = None
+        n_nodes = 0
         for layer in range(1, depth + 1):
-            layer_start = len(tokens)
-            kids, kid_log_q, q = self._children(log_q)
-            for i, node in enumerate(frontier):
-                for tok, lq in zip(kids[i], kid_log_q[i], strict=True):
-                    index[(node, tok)] = len(tokens)
-                    tokens.append(tok)
-                    parents.append(node)
-                    scores.append(frontier_scores[i] + lq)
-                    if q is not None:
-                        self._q_rows.append(q[i])
-            layer_sizes.append(len(tokens) - layer_start)
-            j = checkpoint_of.get(layer - 1)
+            # [m, k]
+            kids, kid_log_q, kept = self._children(state, log_q, q)
+            m, k = kids.shape
+            scores = (frontier_scores[:, None] + kid_log_q).masked_fill(~kept, float("-inf"))
+            q_row = None
+            if q is not None:
+                q_row = (sum(t.shape[0] for t in q_tables) + torch.arange(m, device=dev)).repeat_interleave(k)
+                q_tables.append(q)
+            node_ids = n_nodes + torch.arange(m * k, device=dev)
+            layers.append((kids.flatten(), frontier_nodes.repeat_interleave(k), scores.flatten(), q_row, kept.flatten()))
+            n_nodes += m * k
+            j = self._checkpoint_of.get(layer - 1)
             if j is not None:
                 # c_d from the distributions, not from the children drawn (see module docstring)
-                best = max(s + m for s, m in zip(frontier_scores, log_q.max(dim=-1).values.tolist(), strict=True))
-                confidences.append(math.exp(best))
+                confidences.append(float((frontier_scores + log_q.max(dim=-1).values).max().exp()))
                 if cfg.thresholds is not None and confidences[-1] <= cfg.thresholds[j]:
                     stage = j
                     break
-            if layer == depth or len(tokens) == layer_start:
+            if layer == depth:
                 break
-            # EAGLE-2: expand the top_k nodes of the layer by path score, best first
-            chosen = heapq.nsmallest(cfg.top_k, range(layer_start, len(tokens)), key=lambda n: (-scores[n], n))
-            first_row = len(rows)
-            t0 = time.perf_counter()
-            logits = self.lm.expand([tokens[n] for n in chosen], [rows[parents[n]] for n in chosen])
-            self.forward_s.append(time.perf_counter() - t0)
-            for r, n in enumerate(chosen):
-                rows[n] = first_row + r
-            log_q = self._log_probs(logits)
-            frontier = chosen
-            frontier_scores = [scores[n] for n in chosen]
-        self._proposal = _Proposal(index=index, rows=rows)
-        return ModelDraft(
+            # EAGLE-2: expand the top_k nodes of the layer by path score (ties: the earlier node)
+            flat = scores.flatten()
+            order = torch.sort(flat, descending=True, stable=True).indices
+            take = cfg.top_k if q is None else min(cfg.top_k, int(kept.sum()))  # sampled: never a duplicate
+            order = order[:take]
+            t0 = self._now()
+            out = lm.forward_rows(slot, kids.flatten()[order], frontier_rows[order // k])
+            state.forward_s.append(self._now() - t0)
+            frontier_rows = rows_fed + torch.arange(take, device=dev)
+            rows_fed += take
+            frontier_nodes, frontier_scores = node_ids[order], flat[order]
+            expanded.append((frontier_nodes, frontier_rows))
+            log_q, q = self._distribution(state, out.logits)
+        return self._to_host(state, layers, q_tables, expanded, root_row, stage, confidences)
+
+    def _to_host(
+        self,
+        state: DraftState,
+        layers: list[tuple[torch.Tensor, ...]],
+        q_tables: list[torch.Tensor],
+        expanded: list[tuple[torch.Tensor, torch.Tensor]],
+        root_row: int,
+        stage: int | None,
+        confidences: list[float],
+    ) -> ModelDraft:
+        """The drafted layers as a :class:`ModelDraft` (one host transfer), duplicates dropped."""
+        tokens = torch.cat([t for t, *_ in layers]).tolist()
+        parents = torch.cat([p for _, p, *_ in layers]).tolist()
+        scores = torch.cat([s for _, _, s, *_ in layers]).tolist()
+        kept = torch.cat([k for *_, k in layers]).tolist()
+        sampled = layers[0][3] is not None
+        q_rows = torch.cat([r for *_, r, _ in layers]).tolist() if sampled else None
+        sizes = [int(t.shape[0]) for t, *_ in layers]
+        node_rows = {int(n): int(r) for ids, rows in expanded for n, r in zip(ids.tolist(), rows.tolist(), strict=True)}
+        # a sampled duplicate (and anything under it) is not a node
+        alive_of: list[bool] = []
+        for i, p in enumerate(parents):
+            alive_of.append(bool(kept[i]) and (p < 0 or alive_of[p]))
+        keep = [i for i, ok in enumerate(alive_of) if ok]
+        new_index = {old: new for new, old in enumerate(keep)}  # pool node -> kept node (for the rows map)
+        layer_sizes: list[int] = []
+        start = 0
+        for size in sizes:
+            layer_sizes.append(sum(alive_of[start : start + size]))
+            start += size
+        draft = ModelDraft(
             source=self.name,
-            tokens=tokens,
-            parents=parents,
-            scores=None if cfg.sample else scores,
+            tokens=[tokens[i] for i in keep],
+            parents=reindex(parents, keep),
+            scores=None if sampled else [scores[i] for i in keep],
+            draft_probs=torch.cat(q_tables) if sampled else None,
+            prob_rows=[q_rows[i] for i in keep] if sampled else None,
             stage=stage,
             confidences=confidences,
             layer_sizes=layer_sizes,
-            checkpoints=cfg.checkpoints,
+            checkpoints=self.config.checkpoints,
         )
+        state.proposal = _Proposal(
+            index={(p, t): i for i, (p, t) in enumerate(zip(draft.parents, draft.tokens, strict=True))},
+            rows={new_index[n]: r for n, r in node_rows.items() if n in new_index},
+            root_row=root_row,
+        )
+        return draft
 
-    def _log_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(logits.float() / self.config.temperature, dim=-1)
+    def _distribution(self, state: DraftState, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``log q`` ``[m, V]`` that path scores add up, and (sampling) ``q`` itself.
 
-    def _children(self, log_q: torch.Tensor) -> tuple[list[list[int]], list[list[float]], torch.Tensor | None]:
-        """Children of each row of ``log_q`` ([m, V]): tokens, their log-probabilities, and
-        (sampling mode) the distributions ``q`` ([m, V]) they were drawn from.
+        Top-k drafting scores by the model's plain distribution; sampled drafts use the
+        generation's processed one (what the verifier compares them with)."""
+        if state.sampling is None:
+            return torch.log_softmax(logits.float(), dim=-1), None
+        q = target_probs(logits, state.sampling)
+        return q.log(), q
 
-        Deterministic: the ``top_k`` most likely tokens. Sampling: the distinct values of
-        ``top_k`` i.i.d. draws, in order of first appearance.
+    def _children(self, state: DraftState, log_q: torch.Tensor, q: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """Children of each row of ``log_q`` (``[m, V]``): tokens ``[m, k]``, their log-probabilities
+        and which are kept (a repeated draw is not).
+
+        Top-k drafting: the ``top_k`` most likely tokens. Sampling: ``top_k`` i.i.d. draws from
+        ``q``, of which the first appearance of each value is kept, in draw order.
         """
         k = min(self.config.top_k, log_q.shape[-1])
-        if not self.config.sample:
+        if q is None:
             top = torch.topk(log_q, k, dim=-1)
-            return top.indices.tolist(), top.values.tolist(), None
-        # [m, V]: the rows the draws come from are the rows the verifier gets
-        q = log_q.exp()
-        draws = torch.multinomial(q, k, replacement=True, generator=self.generator).tolist()
-        kids = [list(dict.fromkeys(row)) for row in draws]
-        return kids, [log_q[i, row].tolist() for i, row in enumerate(kids)], q
+            return top.indices, top.values, torch.ones_like(top.indices, dtype=torch.bool)
+        # [m, k]
+        draws = torch.multinomial(q, k, replacement=True, generator=state.generator)
+        # [m, k, k]: draw j repeats an earlier draw j' < j
+        earlier = torch.ones(k, k, dtype=torch.bool, device=draws.device).tril_(-1)
+        repeat = ((draws[:, :, None] == draws[:, None, :]) & earlier).any(dim=-1)
+        return draws, log_q.gather(-1, draws), ~repeat
 
-    def observe(self, step: StepResult) -> None:
-        """Commit the root and the accepted nodes this drafter had fed to its cache.
+    def observe(self, state: DraftState, step: StepResult) -> None:
+        """Commit the caught-up tokens, the root and the accepted nodes this drafter had fed.
 
         Accepted tokens the draft never fed (retrieved nodes, leaves) are fed with the next root.
         """
-        proposal, self._proposal = self._proposal, None
+        proposal, state.proposal = state.proposal, None
         if proposal is None:
             return
         path_rows: list[int] = []
@@ -505,4 +475,4 @@ class DraftModelDrafter:
                 break
             path_rows.append(proposal.rows[child])
             node = child
-        self.lm.commit(path_rows)
+        self.lm.commit(state.slot, [*range(proposal.root_row + 1), *path_rows])

@@ -41,9 +41,10 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 import numpy as np
-import torch
 
-from specgraft.types import Draft, StepResult
+from specgraft.config import GenerationConfig
+from specgraft.drafters.base import Learning, StatelessDrafter
+from specgraft.types import Draft, PrefillOutput, StepResult
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,12 @@ class CopyRates:
     def _index(self, n: int, depth: int) -> tuple[int, int]:
         return min(n, len(self.prior)) - 1, int(depth > 1)
 
+    def copy(self) -> "CopyRates":
+        other = CopyRates.__new__(CopyRates)
+        other.prior, other.strength = self.prior, self.strength
+        other.hits, other.tries = self.hits.copy(), self.tries.copy()
+        return other
+
     def rate(self, n: int, depth: int) -> float:
         i = self._index(n, depth)
         num = self.hits[i] + self.strength * self.prior[i]
@@ -139,37 +146,44 @@ class CopyRates:
         self.hits[i] += hit
 
 
-class PLDDrafter:
+@dataclass
+class PLDState:
+    """One sequence's context (as an array grown in place), copy rates and last proposal."""
+
+    context: np.ndarray
+    rates: CopyRates
+    # the last proposal, for observe: tokens, parents, (n, depth, share) per node
+    last: tuple[list[int], list[int], list[tuple[int, int, float]]] | None = None
+
+    def sync(self, context: Sequence[int]) -> np.ndarray:
+        """The context as an array; the engine's context only grows, so only its new tail is converted."""
+        known = len(self.context)
+        if len(context) < known or (known and context[known - 1] != self.context[-1]):
+            self.context = np.asarray(context, dtype=np.int64)
+        elif len(context) > known:
+            self.context = np.concatenate([self.context, np.asarray(context[known:], dtype=np.int64)])
+        return self.context
+
+
+class PLDDrafter(StatelessDrafter):
     """Tree prompt-lookup drafter (source ``pld``).
 
-    The copy rates persist across generations of one drafter (like Token Recycling's matrix):
-    a drafter learns how reliable copies are for its model and workload.
+    The copy rates are learned per request from the priors (``learning=Learning.REQUEST``), or
+    across requests when ``learning=Learning.SHARED`` (a drafter then learns how reliable
+    copies are for its model and workload; the rates are six numbers, no text).
     """
 
     name: ClassVar[str] = "pld"
-    needs_hidden: ClassVar[bool] = False
 
-    def __init__(self, config: PLDConfig = PLDConfig()):
+    def __init__(self, config: PLDConfig = PLDConfig(), learning: Learning = Learning.REQUEST):
         self.config = config
+        self.learning = Learning(learning)
+        # shared: the priors, or what every request learned (Learning.SHARED)
         self.rates = CopyRates(config.prior_first, config.prior_later, config.prior_strength)
-        self._context = np.empty(0, dtype=np.int64)
-        # the last proposal, for observe: tokens, parents, (n, depth) per node
-        self._last: tuple[list[int], list[int], list[tuple[int, int]]] | None = None
 
-    def prefill_topk_k(self) -> int:
-        return 0
-
-    def begin(self, prompt: Sequence[int], prefill_topk: torch.Tensor | None) -> None:
-        self._context = np.asarray(prompt, dtype=np.int64)
-        self._last = None
-
-    def _sync(self, context: Sequence[int]) -> np.ndarray:
-        # the engine's context only grows by appending; convert only the new tail
-        if len(context) < len(self._context) or (len(self._context) and context[len(self._context) - 1] != self._context[-1]):
-            self._context = np.asarray(context, dtype=np.int64)
-        elif len(context) > len(self._context):
-            self._context = np.concatenate([self._context, np.asarray(context[len(self._context):], dtype=np.int64)])
-        return self._context
+    def begin(self, prompt: Sequence[int], prefill: PrefillOutput, config: GenerationConfig) -> PLDState:
+        rates = self.rates if self.learning is Learning.SHARED else self.rates.copy()
+        return PLDState(context=np.asarray(prompt, dtype=np.int64), rates=rates)
 
     def matches(self, ctx: np.ndarray) -> list[tuple[int, int]]:
         """``(end of match, n)`` for up to ``max_matches`` earlier matches, longest n first, then most recent."""
@@ -200,8 +214,8 @@ class PLDDrafter:
             k += 1
         return k
 
-    def propose(self, context: Sequence[int], budget: int) -> Draft:
-        ctx = self._sync(context)
+    def propose(self, state: PLDState, context: Sequence[int], budget: int) -> Draft:
+        ctx = state.sync(context)
         cfg = self.config
         length = len(ctx)
         # trie of continuations: (parent node, token) -> node
@@ -236,37 +250,31 @@ class PLDDrafter:
         probs: list[float] = []
         for i, p in enumerate(parents):
             base = probs[p] if p >= 0 else 1.0
-            probs.append(base * support[i] / continuing[p] * self.rates.rate(longest[i], depth[i]))
+            probs.append(base * support[i] / continuing[p] * state.rates.rate(longest[i], depth[i]))
         # a child never beats its parent (p only shrinks), so dropping p < min_prob keeps a tree
         keep = [i for i in range(len(tokens)) if probs[i] >= cfg.min_prob]
-        new_index = {old: new for new, old in enumerate(keep)}
-        draft = Draft(
-            source=self.name,
-            tokens=[tokens[i] for i in keep],
-            parents=[new_index[parents[i]] if parents[i] >= 0 else -1 for i in keep],
-            scores=[probs[i] for i in keep],
-        )
+        draft = Draft(source=self.name, tokens=tokens, parents=parents, scores=probs).subset(keep)
         # every proposed node, kept or not: observe learns the copy rates from all of them
         shares = [support[i] / continuing[p] for i, p in enumerate(parents)]
-        self._last = (tokens, parents, list(zip(longest, depth, shares, strict=True)))
+        state.last = (tokens, parents, list(zip(longest, depth, shares, strict=True)))
         return draft
 
-    def observe(self, step: StepResult) -> None:
+    def observe(self, state: PLDState, step: StepResult) -> None:
         """Learn ``q`` from the target's tokens: a node whose parent lay on the accepted path
         (or is the root) was right iff its token is the target's token at its depth.
 
         ``p(node) = p(parent) * share * q``, so under a parent on the path the expected number of
         right children is ``q`` (shares sum to one): each child counts ``share`` tries and its
         hit one hit, and ``hits / tries`` estimates ``q`` without penalising branching."""
-        if self._last is None:
+        if state.last is None:
             return
-        tokens, parents, keys = self._last
-        self._last = None
+        tokens, parents, keys = state.last
+        state.last = None
         truth = step.new_tokens  # accepted tokens + the bonus token
         on_path = [False] * len(tokens)
         for i, p in enumerate(parents):
             n, d, share = keys[i]
             if (p < 0 or on_path[p]) and d <= len(truth):
                 hit = tokens[i] == truth[d - 1]
-                self.rates.record(n, d, hit, weight=share)
+                state.rates.record(n, d, hit, weight=share)
                 on_path[i] = hit

@@ -97,13 +97,15 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 import torch
 
+from specgraft.config import GenerationConfig
+from specgraft.drafters.base import StatelessDrafter
 from specgraft.tree.build import merge_drafts
-from specgraft.types import Draft, StepResult
+from specgraft.types import Draft, PrefillOutput, StepResult
 
 #: Nodes per verify pass at the paper's scale (with :meth:`PTDConfig.paper`: 38 draft, 26 candidate rows).
 PAPER_BUDGET = 64
@@ -385,76 +387,73 @@ def pool_candidates(trie: PoolNode, budget: int) -> tuple[list[int], list[int]]:
     return tokens, parents
 
 
-class PTDDrafter:
+@dataclass
+class PTDState:
+    """One sequence's perturbation tree, candidate pool and random stream."""
+
+    tree: PerturbationTree
+    generator: torch.Generator
+    pool: dict[int, PoolNode] = field(default_factory=dict)
+    passes: int = 0
+    # the draft-tree nodes fed in the last proposal, parents first
+    fed: list[DraftNode] = field(default_factory=list)
+    # limits of the last proposal's budget (None before the first)
+    limits: PTDLimits | None = None
+
+
+class PTDDrafter(StatelessDrafter):
     """Progressive Tree Drafting (source ``ptd``): candidates from the pool, probes from the draft tree.
 
-    >>> d = PTDDrafter(); d.begin([5, 6, 7, 8], None); _ = d.propose([5, 6, 7, 8], budget=8)
-    >>> d.limits
+    Everything PTD learns (tree, pool) is per sequence: it starts empty at every generation.
+
+    >>> d = PTDDrafter(); s = d.begin([5, 6, 7, 8], PrefillOutput(), GenerationConfig())
+    >>> _ = d.propose(s, [5, 6, 7, 8], budget=8); s.limits
     PTDLimits(budget=8, draft_rows=4, sub_trees=1, depth_limit=4, max_children=4, paper_limits_bind=False)
     """
 
     name: ClassVar[str] = "ptd"
-    needs_hidden: ClassVar[bool] = False
 
     def __init__(self, config: PTDConfig = PTDConfig()):
         self.config = config
-        self.generator = torch.Generator(device="cpu")
-        self.tree: PerturbationTree | None = None
-        self.pool: dict[int, PoolNode] = {}
-        self.passes = 0
-        # the draft-tree nodes fed in the last proposal, parents first
-        self._fed: list[DraftNode] = []
-        # limits of the last proposal's budget (None before the first); shown by repr
-        self.limits: PTDLimits | None = None
 
     def __repr__(self) -> str:
-        limits = str(self.limits) if self.limits is not None else "no proposal yet"
-        return (
-            f"PTDDrafter({self.config}; {limits}; paper width/depth limits bind from budget "
-            f"{self.config.paper_limits_budget()})"
-        )
+        return f"PTDDrafter({self.config}; paper width/depth limits bind from budget {self.config.paper_limits_budget()})"
 
-    def prefill_topk_k(self) -> int:
-        return 0
+    def begin(self, prompt: Sequence[int], prefill: PrefillOutput, config: GenerationConfig) -> PTDState:
+        state = PTDState(tree=PerturbationTree(), generator=torch.Generator(device="cpu").manual_seed(self.config.seed))
+        self._draw_tops(state, prompt, self.config.init_width)
+        return state
 
-    def begin(self, prompt: Sequence[int], prefill_topk: torch.Tensor | None) -> None:
-        self.generator.manual_seed(self.config.seed)
-        self.pool = {}
-        self.passes = 0
-        self._fed = []
-        self.tree = PerturbationTree()
-        self._draw_tops(prompt, self.config.init_width)
-
-    def _draw_tops(self, context: Sequence[int], n: int) -> None:
+    @staticmethod
+    def _draw_tops(state: PTDState, context: Sequence[int], n: int) -> None:
         """Start sub-trees at random tokens of ``context`` until there are ``n`` (distinct tops)."""
-        assert self.tree is not None
-        missing = n - len(self.tree.tops)
+        missing = n - len(state.tree.tops)
         if missing <= 0 or not context:
             return
         # a fixed number of draws per call, so the stream of draws repeats run to run
-        for i in torch.randint(len(context), (4 * missing,), generator=self.generator).tolist():
-            if self.tree.add_top(int(context[i])):
+        for i in torch.randint(len(context), (4 * missing,), generator=state.generator).tolist():
+            if state.tree.add_top(int(context[i])):
                 missing -= 1
                 if missing == 0:
                     return
 
-    def propose(self, context: Sequence[int], budget: int) -> Draft:
+    def propose(self, state: PTDState, context: Sequence[int], budget: int) -> Draft:
         """Candidates from ``pool[context[-1]]`` plus the draft tree as probe nodes, ``budget`` rows at most."""
-        assert self.tree is not None, "begin() first"
-        limits = self.limits = self.config.limits(budget)
+        limits = state.limits = self.config.limits(budget)
+        tree = state.tree
         nodes: list[DraftNode] = []
         if limits.draft_rows > 0:
             # fit the tree to this budget: depth (a no-op at a steady budget: observe steps at the
             # same limit), sub-tree count (young ones go while their main lines outgrow the rows;
             # missing ones are drawn anew), size
-            self.tree.step_deep(limits.depth_limit)
-            while len(self.tree.main_line()) > limits.draft_rows:
-                del self.tree.tops[-1]
-            self._draw_tops(context, limits.sub_trees)
-            self.tree.cap(limits.draft_rows)
-            nodes = self.tree.nodes()
+            tree.step_deep(limits.depth_limit)
+            while len(tree.main_line()) > limits.draft_rows:
+                del tree.tops[-1]
+            self._draw_tops(state, context, limits.sub_trees)
+            tree.cap(limits.draft_rows)
+            nodes = tree.nodes()
             assert len(nodes) <= limits.draft_rows, f"{len(nodes)} draft nodes under a cap of {limits.draft_rows}"
-        trie = self.pool.get(int(context[-1]))
+        trie = state.pool.get(int(context[-1]))
         cand_tokens, cand_parents = pool_candidates(trie, budget - len(nodes)) if trie is not None else ([], [])
         position = {id(n): i for i, n in enumerate(nodes)}
         probes = Draft(
@@ -463,36 +462,35 @@ class PTDDrafter:
             parents=[position[id(n.parent)] if n.parent is not None else -1 for n in nodes],
             probe=[True] * len(nodes),
         )
-        self._fed = nodes
+        state.fed = nodes
         candidates = Draft(source=self.name, tokens=cand_tokens, parents=cand_parents)
         # one tree: a probe equal to a candidate (same parent and token) shares its row
-        tree = merge_drafts([candidates, probes], budget)
-        return Draft(source=self.name, tokens=tree.tokens, parents=tree.parents, probe=tree.probe)
+        merged = merge_drafts([candidates, probes], budget)
+        return Draft(source=self.name, tokens=merged.tokens, parents=merged.parents, probe=merged.probe)
 
-    def observe(self, step: StepResult) -> None:
+    def observe(self, state: PTDState, step: StepResult) -> None:
         """Expand the fed draft-tree nodes by the target's greedy tokens, step, refresh the pool."""
-        assert self.tree is not None, "begin() first"
         tree = step.tree
         index = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens, strict=True))}
         # draft-tree node -> verify-pass row (row 0 = root, node i = row i + 1); nodes the engine
         # cut from the pass (e.g. near the context window's end) have no row and do not grow
         rows: dict[int, int] = {}
-        for node in self._fed:
+        for node in state.fed:
             parent_row = rows.get(id(node.parent), None) if node.parent is not None else 0
             if parent_row is None:
                 continue
             i = index.get((parent_row - 1, node.token))
             if i is not None:
                 rows[id(node)] = i + 1
-        self._fed = []
+        state.fed = []
         if not rows:
             return
-        assert self.limits is not None
+        assert state.limits is not None
         row_ids = list(rows.values())
         # [fed] greedy token at every fed draft-tree node
         greedy = step.logits[row_ids].argmax(dim=-1).tolist()
-        self.tree.expand(dict(zip(rows.keys(), greedy, strict=True)), self.config.max_children)
-        self.tree.step_deep(self.limits.depth_limit)
-        self.passes += 1
-        for sub in self.tree.subtrees():
-            merge_into_pool(self.pool, sub, self.passes)
+        state.tree.expand(dict(zip(rows.keys(), greedy, strict=True)), self.config.max_children)
+        state.tree.step_deep(state.limits.depth_limit)
+        state.passes += 1
+        for sub in state.tree.subtrees():
+            merge_into_pool(state.pool, sub, state.passes)

@@ -25,8 +25,10 @@ from typing import ClassVar, Sequence
 import numpy as np
 import torch
 
-from specgraft.tree.templates import FULL_ENVELOPE, RankTemplate, scale_template
-from specgraft.types import Draft, StepResult
+from specgraft.config import GenerationConfig
+from specgraft.drafters.base import Learning, StatelessDrafter
+from specgraft.tree.templates import FULL_ENVELOPE, RankTemplate, rank_template, scale_template
+from specgraft.types import Draft, PrefillOutput, PrefillRequest, StepResult, reindex
 
 
 @dataclass(frozen=True)
@@ -65,26 +67,35 @@ class SuccessorMatrix:
         top = logits.topk(self.k, dim=-1).indices.cpu().numpy()
         self.update_rows(tokens, top)
 
-    def fill_template(self, root: int, template: RankTemplate) -> tuple[list[int], list[int]]:
-        """Tokens and parents of the template instantiated at ``root``, invalid nodes dropped."""
-        n = len(template)
-        # [N] tokens, -1 = invalid (unknown row or invalid parent)
-        toks = np.full(n, -1, dtype=np.int64)
+    def fill(self, root: int, template: RankTemplate) -> np.ndarray:
+        """``[T]`` token of every template node at ``root``, one gather per depth; ``-1`` where the
+        parent's row is unknown or the parent itself is ``-1`` (node ``i`` stays template node ``i``).
+
+        >>> m = SuccessorMatrix(4, k=2); m.table[3] = [1, 2]
+        >>> m.fill(3, rank_template([2, 1], k=2)).tolist()
+        [1, 2, -1]
+        """
+        toks = np.full(len(template), -1, dtype=np.int64)
         par = np.asarray(template.parents, dtype=np.int64)
         for depth, level in enumerate(template.levels):
-            if depth == 0:
-                parent_tok = np.full(len(level), root, dtype=np.int64)
-            else:
-                parent_tok = toks[par[level]]
+            parent_tok = np.full(len(level), root, dtype=np.int64) if depth == 0 else toks[par[level]]
             valid = parent_tok >= 0
             out = np.full(len(level), -1, dtype=np.int64)
             out[valid] = self.table[parent_tok[valid], template.ranks[level][valid]]
             toks[level] = out
-        keep = np.flatnonzero(toks >= 0)
-        new_index = np.full(n, -1, dtype=np.int64)
-        new_index[keep] = np.arange(len(keep))
-        parents = [int(new_index[par[i]]) if par[i] >= 0 else -1 for i in keep]
-        return toks[keep].tolist(), parents
+        return toks
+
+    def fill_template(self, root: int, template: RankTemplate) -> tuple[list[int], list[int]]:
+        """Tokens and parents of the template instantiated at ``root``, invalid nodes dropped
+        (a node under an invalid one is invalid too, so what is left is a tree)."""
+        toks = self.fill(root, template)
+        keep = np.flatnonzero(toks >= 0).tolist()
+        return toks[keep].tolist(), reindex(template.parents, keep)
+
+    def copy(self) -> "SuccessorMatrix":
+        other = SuccessorMatrix.__new__(SuccessorMatrix)
+        other.k, other.table = self.k, self.table.copy()
+        return other
 
     def save(self, path: str | Path) -> None:
         np.savez_compressed(path, table=self.table, k=self.k)
@@ -106,18 +117,35 @@ class SuccessorMatrix:
         return m
 
 
-class RecyclingDrafter:
+@dataclass
+class RecyclingState:
+    """One sequence's successor matrix: a copy of the shared one (``Learning.REQUEST``) or the
+    shared one itself (``Learning.SHARED``)."""
+
+    matrix: SuccessorMatrix
+
+
+class RecyclingDrafter(StatelessDrafter):
     """Token Recycling drafter (source ``recycling``).
 
-    The matrix persists across generations of one drafter (that is the point: it keeps
-    learning), and ``warm_up`` / ``SuccessorMatrix.load`` can fill it before serving.
+    ``matrix`` (or an empty one) is the shared state: ``warm_up`` / ``SuccessorMatrix.load`` fill
+    it before serving. By default every request drafts from its own copy, refreshed from its
+    prompt and its verify passes (the paper's "keeps learning" within the request) and dropped
+    at its end, so no request's text reaches another's drafts; ``learning=Learning.SHARED``
+    keeps updating the shared matrix instead (one user, or a corpus of one party).
     """
 
     name: ClassVar[str] = "recycling"
-    needs_hidden: ClassVar[bool] = False
 
-    def __init__(self, vocab_size: int, config: RecyclingConfig = RecyclingConfig(), matrix: SuccessorMatrix | None = None):
+    def __init__(
+        self,
+        vocab_size: int,
+        config: RecyclingConfig = RecyclingConfig(),
+        matrix: SuccessorMatrix | None = None,
+        learning: Learning = Learning.REQUEST,
+    ):
         self.config = config
+        self.learning = Learning(learning)
         self.matrix = matrix if matrix is not None else SuccessorMatrix(vocab_size, config.k)
         if self.matrix.k != config.k:
             raise ValueError(f"matrix has k={self.matrix.k} but the config asks for k={config.k}")
@@ -128,16 +156,18 @@ class RecyclingDrafter:
             self._templates[budget] = scale_template(self.config.envelope, budget, self.config.k)
         return self._templates[budget]
 
-    def prefill_topk_k(self) -> int:
-        return self.config.k
+    def prefill_request(self) -> PrefillRequest:
+        return PrefillRequest(topk=self.config.k)
 
-    def begin(self, prompt: Sequence[int], prefill_topk: torch.Tensor | None) -> None:
-        if prefill_topk is not None and len(prefill_topk):
-            self.matrix.update_rows(list(prompt[: len(prefill_topk)]), prefill_topk.numpy())
+    def begin(self, prompt: Sequence[int], prefill: PrefillOutput, config: GenerationConfig) -> RecyclingState:
+        matrix = self.matrix if self.learning is Learning.SHARED else self.matrix.copy()
+        if prefill.topk is not None and len(prefill.topk):
+            matrix.update_rows(list(prompt[: len(prefill.topk)]), prefill.topk.numpy())
+        return RecyclingState(matrix)
 
-    def propose(self, context: Sequence[int], budget: int) -> Draft:
-        tokens, parents = self.matrix.fill_template(int(context[-1]), self.template(budget))
+    def propose(self, state: RecyclingState, context: Sequence[int], budget: int) -> Draft:
+        tokens, parents = state.matrix.fill_template(int(context[-1]), self.template(budget))
         return Draft(source=self.name, tokens=tokens, parents=parents)
 
-    def observe(self, step: StepResult) -> None:
-        self.matrix.update_from_logits([step.root_token, *step.tree.tokens], step.logits)
+    def observe(self, state: RecyclingState, step: StepResult) -> None:
+        state.matrix.update_from_logits([step.root_token, *step.tree.tokens], step.logits)

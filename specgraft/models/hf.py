@@ -1,10 +1,23 @@
-"""Target adapter for any Hugging Face causal LM (tested on Llama and Qwen2 architectures).
+"""The one adapter for any Hugging Face causal LM, target or draft model (tested on Llama and Qwen2).
 
-One verify pass feeds ``[root] + tree.tokens`` after the cached prefix, with explicit position
-ids (``past_len + depth``) and a 4-D additive attention mask: every row sees the whole cached
-prefix and, inside the tree, only its ancestors and itself (``tree/layout.py``). transformers 5
-passes a 4-D mask through unchanged (``masking_utils._preprocess_mask_arguments``), and an
-additive float mask works for both the ``sdpa`` and ``eager`` attention implementations.
+A model gets a :class:`~specgraft.cache.slots.SlotCache`; each sequence owns a slot. Rows are
+fed incrementally: :meth:`HFTarget.forward_rows` appends rows to a slot's **pending** rows,
+each row the child of an earlier pending row (or of the committed prefix alone, parent -1),
+with explicit position ids (``length + depth``) and a 4-D additive mask in which every row
+sees the committed prefix, its pending ancestors and itself. A verify pass is one call
+(``[root, node 0, ...]``, :meth:`forward_tree`); a draft model drafting layer by layer makes
+one call per layer on the same pending rows. :meth:`commit` keeps a chain of pending rows;
+:meth:`discard` drops them. transformers 5 passes a 4-D mask through unchanged
+(``masking_utils._preprocess_mask_arguments``); the ``sdpa`` and ``eager`` attention
+implementations apply it as given, which the constructor checks.
+
+Example (the target; a draft model is used the same way)::
+
+    target = HFTarget(model)
+    slot = target.allocate()
+    target.prefill(slot, prompt_ids[:-1])               # cache all but the root
+    out = target.forward_tree(slot, prompt_ids[-1], tree)  # rows: root, node 0, node 1, ...
+    target.commit(slot, [0, 1, 2])                      # root, node 0, node 1 accepted
 
 The decoder (``model.get_decoder()``) and the output embedding are called separately so that
 hidden states come for free and prefill logits can be reduced to top-k in chunks instead of
@@ -17,53 +30,108 @@ from typing import Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
-from transformers.cache_utils import DynamicCache
 
-from specgraft.cache.commit import commit_cache
-from specgraft.models.base import TreeOutput
+from specgraft.cache.slots import SlotCache
 from specgraft.models.kernels import auto_dtype, use_onednn_linears
-from specgraft.tree.layout import tree_layout
-from specgraft.types import DraftTree
+from specgraft.tree.layout import depth_from_mask, pending_ancestors
+from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+#: Attention implementations that apply a 4-D additive mask as given (FlashAttention-2/3 read
+#: it as a padding mask, flex attention needs a BlockMask, paged kernels ignore it).
+TREE_MASK_ATTENTION = ("sdpa", "eager")
 
 
-def parse_dtype(name: str | torch.dtype, device: str = "cpu") -> torch.dtype:
+def parse_dtype(name: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
     """``"bfloat16"``, ``"float32"``, ``"float16"`` or ``"auto"`` (see :func:`kernels.auto_dtype`)."""
     if isinstance(name, torch.dtype):
         return name
     if name == "auto":
-        name = auto_dtype(device)
+        name = auto_dtype(str(torch.device(device).type))
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of auto, {', '.join(sorted(DTYPES))}")
     return DTYPES[name]
 
 
-def load_causal_lm(name_or_path: str, dtype: str | torch.dtype = "auto", device: str = "cpu", fast_kernels: bool = True) -> PreTrainedModel:
-    """``AutoModelForCausalLM.from_pretrained`` + optional oneDNN linears on CPU (``models/kernels.py``)."""
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=parse_dtype(dtype, device)).to(device).eval()
-    if fast_kernels and device == "cpu":
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """``"auto"`` (or None) = ``cuda`` when a GPU is available, else ``cpu``; ``ValueError`` for a
+    device that does not exist here.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r} ({e})") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for, but this torch sees no CUDA GPU")
+    return dev
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a timer read after it measures the work, not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def load_causal_lm(
+    name_or_path: str, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu", fast_kernels: bool = True
+) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained`` straight onto ``device`` (``device_map``), with the
+    ``sdpa`` attention the tree mask needs, + oneDNN linears on CPU (``models/kernels.py``)."""
+    device = torch.device(device)
+    model = AutoModelForCausalLM.from_pretrained(
+        name_or_path, dtype=parse_dtype(dtype, device), device_map=str(device), attn_implementation="sdpa"
+    ).eval()
+    if fast_kernels and device.type == "cpu":
         use_onednn_linears(model)
     return model
 
 
+def check_tree_attention(model: PreTrainedModel) -> None:
+    """``ValueError`` naming the model unless its attention takes the 4-D tree mask as given and
+    every layer caches full attention (a sliding-window, chunked or linear-attention layer
+    cannot keep exactly the accepted rows of a tree)."""
+    config = model.config.get_text_config(decoder=True)
+    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    impl = getattr(config, "_attn_implementation", None) or getattr(model.config, "_attn_implementation", None)
+    if impl not in TREE_MASK_ATTENTION:
+        raise ValueError(
+            f"model {name!r} uses attention implementation {impl!r}, which does not apply a tree mask as given; "
+            f"load it with attn_implementation='sdpa' (or 'eager')"
+        )
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        layer_types = get_layer_types_and_kwargs(config)[0]
+    except (ImportError, AttributeError):
+        layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if other:
+        raise ValueError(
+            f"model {name!r} has {', '.join(other)} layers; tree speculation needs full attention in every layer "
+            "(sliding-window, chunked and linear-attention caches cannot drop rejected rows)"
+        )
+    for attr in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, attr, None) not in (None, 1.0):
+            raise ValueError(f"model {name!r}: models with {attr} are not supported yet")
+
+
 class HFTarget:
-    """Wraps an ``AutoModelForCausalLM`` with one ``DynamicCache``.
+    """Wraps an ``AutoModelForCausalLM`` with a :class:`SlotCache` (one slot per sequence).
 
-    Example::
-
-        target = HFTarget(model)
-        target.prefill(prompt_ids[:-1])              # cache all but the root
-        out = target.forward_tree(prompt_ids[-1], tree)
-        target.commit([0, 1, 2])                     # root, node 0, node 1 accepted
+    ``capacity`` is the initial rows per slot (the cache grows by doubling); call
+    :meth:`reserve` with a generation's whole length to allocate once.
     """
 
-    def __init__(self, model: PreTrainedModel, prefill_chunk: int = 512):
+    def __init__(self, model: PreTrainedModel, prefill_chunk: int = 512, capacity: int = 256):
+        check_tree_attention(model)
         self.model = model.eval()
         self.config = model.config.get_text_config(decoder=True)
-        for attr in ("final_logit_softcapping", "logit_scale"):
-            if getattr(self.config, attr, None) not in (None, 1.0):
-                raise ValueError(f"models with {attr} are not supported yet")
+        self.name = getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         self.vocab_size: int = self.lm_head.weight.shape[0]
@@ -71,73 +139,180 @@ class HFTarget:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.prefill_chunk = prefill_chunk
-        self.cache = DynamicCache(config=model.config)
-        self.past_len = 0
-        self._pending = 0  # rows appended by the last forward_tree and not yet committed
+        self.cache = SlotCache(self.config.num_hidden_layers, capacity)
+        # slot -> [P, P] bool: which pending rows each pending row sees (ancestors and itself)
+        self._ancestors: dict[int, torch.Tensor] = {}
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, dtype: str | torch.dtype = "auto", device: str = "cpu", fast_kernels: bool = True) -> "HFTarget":
+    def from_pretrained(
+        cls, name_or_path: str, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu", fast_kernels: bool = True
+    ) -> "HFTarget":
         return cls(load_causal_lm(name_or_path, dtype, device, fast_kernels))
 
-    def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
-        self.past_len = 0
-        self._pending = 0
+    # -- slots ---------------------------------------------------------------------------
+
+    def allocate(self) -> int:
+        """A new, empty slot for one sequence."""
+        slot = self.cache.allocate()
+        self._ancestors[slot] = self._empty_ancestors()
+        return slot
+
+    def release(self, slot: int) -> None:
+        self.cache.release(slot)
+        self._ancestors.pop(slot, None)
+
+    def length(self, slot: int) -> int:
+        """Committed rows of ``slot``."""
+        return self.cache.lengths[slot]
+
+    def pending(self, slot: int) -> int:
+        """Rows of ``slot`` fed since the last commit or discard."""
+        return self.cache.pending[slot]
+
+    def reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows (committed + pending) in every slot."""
+        self.cache.reserve(rows)
+
+    def _empty_ancestors(self) -> torch.Tensor:
+        return torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+
+    # -- forwards ------------------------------------------------------------------------
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    @torch.inference_mode()
-    def prefill(self, tokens: Sequence[int], topk: int = 0) -> torch.Tensor | None:
-        """Append ``tokens`` to the cache (plain causal attention).
+    def _decode(self, slots: range, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """One decoder forward over ``slots`` (the cache's write set up): ``[B, n, H]`` hidden states."""
+        out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache, use_cache=True)
+        return out.last_hidden_state
 
-        Returns ``[len(tokens), topk]`` ids of the most likely successor of each token when
-        ``topk > 0`` (Token Recycling fills its matrix from them), else ``None``.
+    @torch.inference_mode()
+    def prefill(self, slot: int, tokens: Sequence[int], request: PrefillRequest = PrefillRequest()) -> PrefillOutput:
+        """Append ``tokens`` to ``slot``'s committed rows (plain causal attention), in chunks.
+
+        Returns what ``request`` asks for: ``[len(tokens), topk]`` ids of each token's most likely
+        successors (Token Recycling fills its matrix from them) and/or the hidden states.
         """
-        assert self._pending == 0, "commit the last verify pass before prefilling"
-        if not tokens:
-            return torch.empty(0, topk, dtype=torch.long) if topk else None
-        top = []
+        if self.cache.pending[slot]:
+            raise ValueError(f"slot {slot} has {self.cache.pending[slot]} pending rows; commit or discard them before prefilling")
+        self._check_tokens(tokens)
+        if self.length(slot) + len(tokens) > self.max_positions:
+            raise ValueError(f"{self.length(slot) + len(tokens)} tokens exceed the context window of {self.max_positions}")
+        top: list[torch.Tensor] = []
+        hidden_parts: list[torch.Tensor] = []
         for start in range(0, len(tokens), self.prefill_chunk):
             chunk = list(tokens[start : start + self.prefill_chunk])
-            # [1, T]
+            n, length = len(chunk), self.length(slot)
+            write = self.cache.set_write(range(slot, slot + 1), n)
+            # [1, n]
             ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
-            pos = torch.arange(self.past_len, self.past_len + len(chunk), device=self.device)[None]
-            out = self.decoder(input_ids=ids, position_ids=pos, past_key_values=self.cache, use_cache=True)
-            self.past_len += len(chunk)
-            if topk:
-                # [T, topk]
-                top.append(self._logits(out.last_hidden_state[0]).topk(topk, dim=-1).indices.cpu())
-        return torch.cat(top) if topk else None
+            positions = torch.arange(length, length + n, device=self.device)[None]
+            # [1, 1, n, length + n]: the committed prefix, then causal within the chunk
+            mask = torch.zeros(n, write.kv_len, dtype=self.dtype, device=self.device)
+            causal = torch.ones(n, n, dtype=torch.bool, device=self.device).triu_(1)
+            mask[:, length:].masked_fill_(causal, torch.finfo(self.dtype).min)
+            hidden = self._decode(range(slot, slot + 1), ids, positions, mask[None, None])[0]
+            self.cache.end_write([n])
+            self.cache.commit(slot, range(n))
+            if request.topk:
+                top.append(self._logits(hidden).topk(request.topk, dim=-1).indices.cpu())
+            if request.hidden:
+                hidden_parts.append(hidden)
+        empty_top = torch.empty(0, request.topk, dtype=torch.long)
+        return PrefillOutput(
+            topk=(torch.cat(top) if top else empty_top) if request.topk else None,
+            hidden=(torch.cat(hidden_parts) if hidden_parts else None) if request.hidden else None,
+        )
 
-    def tree_mask(self, ancestor_mask: torch.Tensor) -> torch.Tensor:
-        """[1, 1, N + 1, past_len + N + 1] additive mask: 0 where attention is allowed."""
-        n1 = ancestor_mask.shape[0]
-        allowed = torch.ones(n1, self.past_len + n1, dtype=torch.bool)
-        allowed[:, self.past_len :] = ancestor_mask
-        mask = torch.zeros(n1, self.past_len + n1, dtype=self.dtype)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        return mask[None, None].to(self.device)
+    def forward_rows(
+        self, slot: int, tokens: Sequence[int] | torch.Tensor, parent_rows: Sequence[int] | torch.Tensor, output_hidden: bool = False
+    ) -> RowsOutput:
+        """Feed ``tokens`` as new pending rows of ``slot``; new row ``i`` hangs from pending row
+        ``parent_rows[i]`` (an earlier pending row, old or new; -1 = only the committed prefix).
+
+        ``tokens`` and ``parent_rows`` may be device tensors (a draft model drafting on the GPU
+        never syncs for them). Returns the logits ``[n, V]`` of the new rows.
+        """
+        return self.forward_batch(range(slot, slot + 1), [tokens], [parent_rows], output_hidden)[0]
+
+    def forward_tree(self, slot: int, root: int, tree: DraftTree, output_hidden: bool = False) -> RowsOutput:
+        """The verify pass: rows ``[root, node 0, ..., node N-1]`` (row ``i + 1`` is node ``i``)."""
+        return self.forward_rows(slot, [root, *tree.tokens], [-1, *(p + 1 for p in tree.parents)], output_hidden)
 
     @torch.inference_mode()
-    def forward_tree(self, root: int, tree: DraftTree, output_hidden: bool = False) -> TreeOutput:
-        assert self._pending == 0, "commit the last verify pass before the next one"
-        n1 = len(tree) + 1
-        layout = tree_layout(tree.parents)
-        # [1, N + 1]
-        ids = torch.tensor([[root, *tree.tokens]], dtype=torch.long, device=self.device)
-        pos = layout.position_ids(self.past_len)[None].to(self.device)
-        # A single root row needs no mask: it attends to everything cached.
-        mask = self.tree_mask(layout.ancestor_mask) if n1 > 1 else None
-        out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=self.cache, use_cache=True)
-        self._pending = n1
-        # [N + 1, H]
-        hidden = out.last_hidden_state[0]
-        return TreeOutput(logits=self._logits(hidden), hidden=hidden if output_hidden else None)
+    def forward_batch(
+        self,
+        slots: range,
+        tokens: Sequence[Sequence[int] | torch.Tensor],
+        parent_rows: Sequence[Sequence[int] | torch.Tensor],
+        output_hidden: bool = False,
+    ) -> list[RowsOutput]:
+        """:meth:`forward_rows` for the slots ``slots`` (a contiguous range) in one forward.
 
-    def commit(self, keep_rows: Sequence[int]) -> None:
-        assert self._pending, "nothing to commit"
-        assert all(0 <= r < self._pending for r in keep_rows), f"rows {list(keep_rows)} outside the last pass"
-        commit_cache(self.cache, self.past_len, keep_rows)
-        self.past_len += len(keep_rows)
-        self._pending = 0
+        Each slot's rows are padded to the longest; padding rows see only themselves, are
+        written past the slot's pending rows and never become pending, so nothing ever sees
+        them. The mask is ``[B, 1, n_max, kv_len]`` with each slot's own committed length.
+        """
+        if len(tokens) != len(slots) or len(parent_rows) != len(slots):
+            raise ValueError(f"{len(tokens)} token lists and {len(parent_rows)} parent lists for {len(slots)} slots")
+        dev = self.device
+        toks = [torch.as_tensor(t, dtype=torch.long).to(dev) for t in tokens]
+        pars = [torch.as_tensor(p, dtype=torch.long).to(dev) for p in parent_rows]
+        counts = [int(t.shape[0]) for t in toks]
+        for t, p in zip(toks, pars, strict=True):
+            if p.shape != t.shape:
+                raise ValueError(f"{int(t.shape[0])} tokens but {int(p.shape[0])} parent rows")
+        for tok_list in tokens:
+            if not isinstance(tok_list, torch.Tensor):
+                self._check_tokens(tok_list)
+        n_max = max(counts)
+        if n_max == 0:
+            return [RowsOutput(torch.empty(0, self.vocab_size, device=dev)) for _ in slots]
+        for b, slot in enumerate(slots):
+            rows = self.length(slot) + self.cache.pending[slot] + counts[b]
+            if rows > self.max_positions:
+                raise ValueError(f"slot {slot}: {rows} rows exceed the context window of {self.max_positions}")
+        write = self.cache.set_write(slots, n_max)
+        min_value = torch.finfo(self.dtype).min
+        masks, positions, ids = [], [], []
+        for b, slot in enumerate(slots):
+            length, pend, n = self.length(slot), self.cache.pending[slot], counts[b]
+            # [n, pend + n] pending rows each new row sees
+            seen = pending_ancestors(self._ancestors[slot], pars[b])
+            self._ancestors[slot] = torch.cat(
+                [torch.cat([self._ancestors[slot], seen.new_zeros(pend, n)], dim=1), seen], dim=0
+            )
+            # [n_max, kv_len] additive mask: committed prefix, then the pending rows seen
+            mask = torch.full((n_max, write.kv_len), min_value, dtype=self.dtype, device=dev)
+            mask[:n, :length] = 0.0
+            mask[:n, length : length + pend + n].masked_fill_(seen, 0.0)
+            pad = torch.arange(n, n_max, device=dev)
+            mask[pad, length + pend + pad] = 0.0  # padding rows see themselves (no empty softmax)
+            masks.append(mask)
+            depth = depth_from_mask(seen)
+            positions.append(torch.cat([length + depth, torch.full((n_max - n,), length, device=dev, dtype=torch.long)]))
+            ids.append(torch.cat([toks[b], torch.zeros(n_max - n, dtype=torch.long, device=dev)]))
+        try:
+            hidden = self._decode(slots, torch.stack(ids), torch.stack(positions), torch.stack(masks)[:, None])
+        finally:
+            self.cache.end_write(counts)
+        logits = self._logits(hidden)
+        return [
+            RowsOutput(logits=logits[b, :n], hidden=hidden[b, :n] if output_hidden else None) for b, n in enumerate(counts)
+        ]
+
+    def commit(self, slot: int, keep_rows: Sequence[int]) -> None:
+        """Keep the pending rows ``keep_rows`` (a chain from the first: each row's parent is the one
+        before it, the first has none; row 0 = the first pending row), drop the rest."""
+        self.cache.commit(slot, keep_rows)
+        self._ancestors[slot] = self._empty_ancestors()
+
+    def discard(self, slot: int) -> None:
+        """Drop ``slot``'s pending rows."""
+        self.cache.discard(slot)
+        self._ancestors[slot] = self._empty_ancestors()
+
+    def _check_tokens(self, tokens: Sequence[int]) -> None:
+        if len(tokens) and (min(tokens) < 0 or max(tokens) >= self.vocab_size):
+            bad = next(t for t in tokens if not 0 <= t < self.vocab_size)
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size}) of model {self.name!r}")

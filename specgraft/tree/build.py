@@ -34,9 +34,10 @@ def merge_drafts(drafts: Sequence[Draft], budget: int, offers: Sequence[Draft] =
 
     **Which rule verifies the children of a node** (sampling). A node's children are verified
     by recursive rejection sampling only when every candidate *offered* under that node, by
-    any draft, admitted or not, comes from one draft with ``draft_probs``; their rows are
-    then carried over. Everywhere else the children get NaN rows, which tells the sampling
-    verifier to use sample-and-match there (``verify/sampling.py``). ``offers`` are drafts
+    any draft, admitted or not, was sampled by one draft; their ``prob_rows`` are then carried
+    over (into the tree's table, each draft's at its offset). Everywhere else the children get
+    row -1, which tells the sampling verifier to use sample-and-match there
+    (``verify/sampling.py``). ``offers`` are drafts
     that only count as offers and are never admitted (Graft offers its whole retrieval
     envelope, of which a step admits a stage-dependent part).
 
@@ -51,7 +52,7 @@ def merge_drafts(drafts: Sequence[Draft], budget: int, offers: Sequence[Draft] =
     before the children are.
 
     Example: the sampled root children ``[5, 6]`` (``q`` rows) merged before a lookup chain
-    ``[5, 9]``: the lookup offers ``5`` under the root, so both root children lose their rows
+    ``[5, 9]``: the lookup offers ``5`` under the root, so both root children get row -1
     and the root uses sample-and-match; ``9`` under ``5`` is offered by the lookup alone.
 
     Probe nodes (``Draft.probe``) merge like any other node and cost budget like any other row,
@@ -74,18 +75,24 @@ def merge_drafts(drafts: Sequence[Draft], budget: int, offers: Sequence[Draft] =
             parent = anchor if p < 0 else ids[p]
             ids.append(paths.child(parent, tok))
             if not draft.is_probe(j):
-                offered_under.setdefault(parent, set()).add(d if draft.draft_probs is not None else _DETERMINISTIC)
+                sampled = draft.prob_rows is not None and draft.prob_rows[j] >= 0
+                offered_under.setdefault(parent, set()).add(d if sampled else _DETERMINISTIC)
         node_paths.append(ids)
 
     tokens: list[int] = []
     parents: list[int] = []
     sources: list[str] = []
     scores: list[float] = []
-    prob_rows: list[torch.Tensor | None] = []
+    prob_rows: list[int] = []
     probe: list[bool] = []
     index: dict[tuple[int, int], int] = {}
     any_scores = any(d.scores is not None for d in drafts)
-    any_probs = any(d.draft_probs is not None for d in drafts)
+    # one table of draft rows for the tree: each sampled draft's table at its offset
+    tables = [d.draft_probs for d in drafts if d.draft_probs is not None]
+    offsets, offset = [], 0
+    for d in drafts:
+        offsets.append(offset)
+        offset += d.draft_probs.shape[0] if d.draft_probs is not None else 0
 
     for d, draft in enumerate(drafts):
         anchor_node = _find(index, draft.anchor)
@@ -118,8 +125,9 @@ def merge_drafts(drafts: Sequence[Draft], budget: int, offers: Sequence[Draft] =
                 sources.append(draft.source)
                 scores.append(draft.scores[j] if draft.scores is not None else float("nan"))
                 parent_path = node_paths[d][p] if p >= 0 else paths.walk(draft.anchor)
-                rejection_here = offered_under.get(parent_path) == {d}
-                prob_rows.append(draft.draft_probs[j] if draft.draft_probs is not None and rejection_here else None)
+                row = draft.prob_rows[j] if draft.prob_rows is not None else -1
+                rejection_here = row >= 0 and offered_under.get(parent_path) == {d}
+                prob_rows.append(offsets[d] + row if rejection_here else -1)
                 probe.append(draft.is_probe(j))
             else:
                 continue
@@ -127,16 +135,15 @@ def merge_drafts(drafts: Sequence[Draft], budget: int, offers: Sequence[Draft] =
                 heapq.heappush(heap, (key(c), c))
 
     draft_probs = None
-    if any_probs and tokens:
-        like = next(d.draft_probs for d in drafts if d.draft_probs is not None)
-        nan_row = torch.full((like.shape[-1],), float("nan"), dtype=like.dtype, device=like.device)
-        # [N, V]
-        draft_probs = torch.stack([r if r is not None else nan_row for r in prob_rows])
+    if tables and any(r >= 0 for r in prob_rows):
+        # [P, V]: no copy when one draft sampled (the usual case)
+        draft_probs = tables[0] if len(tables) == 1 else torch.cat(tables)
     return DraftTree(
         tokens=tokens,
         parents=parents,
         sources=sources,
         draft_probs=draft_probs,
+        prob_rows=prob_rows if draft_probs is not None else None,
         scores=scores if any_scores else None,
         probe=probe if any(probe) else None,
     )
@@ -196,15 +203,6 @@ def truncate_depth(tree: DraftTree, max_depth: int) -> DraftTree:
     for i, p in enumerate(tree.parents):
         depth.append(1 if p < 0 else depth[p] + 1)
         kept.append(depth[i] <= max_depth or (tree.is_probe(i) and (p < 0 or kept[p])))
-    keep = [i for i, k in enumerate(kept) if k]
-    if len(keep) == len(tree):
+    if all(kept):
         return tree
-    new_index = {old: new for new, old in enumerate(keep)}
-    return DraftTree(
-        tokens=[tree.tokens[i] for i in keep],
-        parents=[new_index[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in keep],
-        sources=[tree.sources[i] for i in keep],
-        draft_probs=tree.draft_probs[keep] if tree.draft_probs is not None else None,
-        scores=[tree.scores[i] for i in keep] if tree.scores is not None else None,
-        probe=[tree.probe[i] for i in keep] if tree.probe is not None else None,
-    )
+    return tree.subset([i for i, k in enumerate(kept) if k])

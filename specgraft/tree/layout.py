@@ -1,6 +1,9 @@
-"""Derive everything a verify pass needs from ``parents`` alone.
+"""Derive everything a verify pass needs from ``parents`` alone: which rows each row sees, and depths.
 
 Rows of a verify pass are ``[root, node 0, node 1, ...]``; row ``i + 1`` is node ``i``.
+:func:`pending_ancestors` is what the adapter (``models/hf.py``) runs, on the device and
+incrementally (rows added to rows already pending); :func:`tree_layout` is its plain twin, a
+loop over the nodes, and ``tests/test_layout.py`` checks they agree.
 
 Example, the 2x2 tree ``parents = [-1, -1, 0, 0]`` (two children of the root, node 0 has two
 children)::
@@ -14,12 +17,11 @@ children)::
      [1, 0, 1, 0, 0],
      [1, 1, 0, 1, 0],
      [1, 1, 0, 0, 1]]
-    >>> lay.paths                   # root-to-leaf node indices
-    [[1], [0, 2], [0, 3]]
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -32,8 +34,6 @@ class TreeLayout:
     ancestor_mask: torch.Tensor
     # [N + 1] long: distance from the root, 0 for the root
     depth: torch.Tensor
-    # root-to-leaf node index lists (node indices, root excluded), in node order of their leaves
-    paths: list[list[int]]
 
     def position_ids(self, past_len: int) -> torch.Tensor:
         """[N + 1] absolute positions: the root sits at ``past_len``, a node at ``past_len + depth``."""
@@ -47,27 +47,45 @@ def tree_layout(parents: Sequence[int]) -> TreeLayout:
     mask[0, 0] = True
     # [N + 1]
     depth = torch.zeros(n + 1, dtype=torch.long)
-    is_leaf = [True] * n
     for i, p in enumerate(parents):
-        assert -1 <= p < i, f"node {i} has parent {p}; parents must come before children"
+        if not -1 <= p < i:
+            raise ValueError(f"node {i} has parent {p}; parents must come before children")
         row = i + 1
         mask[row] = mask[p + 1]
         mask[row, row] = True
         depth[row] = depth[p + 1] + 1
-        if p >= 0:
-            is_leaf[p] = False
-    paths = []
-    for leaf in range(n):
-        if is_leaf[leaf]:
-            path = []
-            node = leaf
-            while node >= 0:
-                path.append(node)
-                node = parents[node]
-            paths.append(path[::-1])
-    return TreeLayout(ancestor_mask=mask, depth=depth, paths=paths)
+    return TreeLayout(ancestor_mask=mask, depth=depth)
 
 
 def depth_from_mask(ancestor_mask: torch.Tensor) -> torch.Tensor:
     """EAGLE's identity: a row's depth is the number of ancestors it sees minus one."""
-    return ancestor_mask.sum(dim=1) - 1
+    return ancestor_mask.sum(dim=-1) - 1
+
+
+def pending_ancestors(old: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """``[n, P + n]`` bool: which pending rows each new row sees (its ancestors and itself).
+
+    ``old`` is ``[P, P]`` for the ``P`` rows already pending (closed: ancestors and self);
+    ``parents[i]`` is the pending row (old ``0 .. P-1`` or new ``P .. P + i - 1``) that new row
+    ``P + i`` hangs from, -1 for none. Computed on ``old``'s device by pointer doubling
+    (``ceil(log2 n) + 1`` boolean products), so no host sync is needed. A verify pass is the
+    case ``P = 0`` with the root's parent -1 and node ``i``'s ``parents[i] + 1``:
+
+    >>> pending_ancestors(torch.zeros(0, 0, dtype=torch.bool), torch.tensor([-1, 0, 0, 1, 1])).int().tolist() == \
+    ...     tree_layout([-1, -1, 0, 0]).ancestor_mask.int().tolist()
+    True
+    >>> pending_ancestors(torch.ones(1, 1, dtype=torch.bool), torch.tensor([0, 1, -1])).int().tolist()
+    [[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 1]]
+    """
+    p, n = old.shape[0], parents.shape[0]
+    total = p + n
+    # [T, T] reflexive relation: old rows closed, new rows link to self and parent
+    rel = torch.zeros(total, total, dtype=torch.float32, device=old.device)
+    rel[:p, :p] = old.float()
+    new = torch.arange(p, total, device=old.device)
+    rel[new, new] = 1.0
+    has = parents >= 0
+    rel[new[has], parents[has]] = 1.0
+    for _ in range(math.ceil(math.log2(n)) + 1 if n > 1 else 1):
+        rel[p:] = ((rel[p:] @ rel) > 0).float()
+    return rel[p:] > 0

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specgraft.types import reindex
+
 #: Graft Table 7, "full envelope": nodes per depth, 80 in all, depth 9.
 FULL_ENVELOPE = (8, 16, 14, 11, 8, 7, 6, 5, 5)
 #: Graft Table 7 stage templates (retrieved nodes per depth) for pruning at d0 / d1 / d5.
@@ -138,11 +140,26 @@ def scale_template(counts: tuple[int, ...] | list[int], budget: int, k: int = 8,
 
 def subtemplate(template: RankTemplate, keep: list[int]) -> RankTemplate:
     """The nodes ``keep`` of ``template`` (closed under parents, in depth order), reindexed."""
-    new_index = {old: new for new, old in enumerate(keep)}
-    assert all(template.parents[i] < 0 or template.parents[i] in new_index for i in keep), "keep is not closed under parents"
     paths = [template.rank_paths[i] for i in keep]
-    parents = [new_index[template.parents[i]] if template.parents[i] >= 0 else -1 for i in keep]
+    parents = reindex(template.parents, keep)
     depth = max((len(p) for p in paths), default=0)
     levels = [np.array([i for i, p in enumerate(paths) if len(p) == d], dtype=np.int64) for d in range(1, depth + 1)]
     ranks = np.array([p[-1] for p in paths], dtype=np.int64)
     return RankTemplate(rank_paths=paths, parents=parents, ranks=ranks, levels=levels)
+
+
+def union_template(templates: Sequence[RankTemplate]) -> tuple[RankTemplate, list[np.ndarray]]:
+    """One template holding every rank path of ``templates``, and where each template's nodes sit in it.
+
+    >>> u, where = union_template([rank_template([2], k=2), rank_template([1, 1], k=2)])
+    >>> u.rank_paths, [w.tolist() for w in where]
+    ([(0,), (1,), (0, 0)], [[0, 1], [0, 2]])
+    """
+    paths = sorted({p for t in templates for p in t.rank_paths}, key=lambda p: (len(p), p))
+    pos = {p: i for i, p in enumerate(paths)}
+    parents = [pos[p[:-1]] if len(p) > 1 else -1 for p in paths]
+    depth = max((len(p) for p in paths), default=0)
+    levels = [np.array([i for i, p in enumerate(paths) if len(p) == d], dtype=np.int64) for d in range(1, depth + 1)]
+    ranks = np.array([p[-1] for p in paths], dtype=np.int64)
+    union = RankTemplate(rank_paths=paths, parents=parents, ranks=ranks, levels=levels)
+    return union, [np.array([pos[p] for p in t.rank_paths], dtype=np.int64) for t in templates]

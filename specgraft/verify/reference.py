@@ -3,7 +3,7 @@
 Each recomputes everything per node with plain Python lists. To agree with the fast
 versions draw for draw, the sampling twins share exactly two primitives with them:
 ``target_probs`` (which has its own pure-Python twin here, ``reference_target_probs``, checked
-to agree within rounding) and the generator calls ``sample_token`` / ``draw_uniform``, made
+to agree within rounding) and the generator calls ``sample_token`` / ``draw_uniforms``, made
 in the same order on rows of the same dtype.
 """
 
@@ -15,7 +15,7 @@ import torch
 
 from specgraft.config import SamplingConfig
 from specgraft.types import DraftTree, VerifyResult
-from specgraft.verify.processing import draw_uniform, sample_token, target_probs
+from specgraft.verify.processing import draw_uniforms, sample_token, target_probs
 
 
 def reference_target_probs(logits: list[float], sampling: SamplingConfig) -> list[float]:
@@ -102,14 +102,12 @@ def reference_sample_match(
 
 
 def _shared_draft_row(tree: DraftTree, kids: list[int]) -> list[float] | None:
-    if tree.draft_probs is None or not kids:
+    if tree.prob_rows is None or not kids:
         return None
-    rows = [tree.draft_probs[c].tolist() for c in kids]
-    if any(math.isnan(x) for row in rows for x in row):
+    rows = {tree.prob_rows[c] for c in kids}
+    if len(rows) != 1 or min(rows) < 0:
         return None
-    if any(row != rows[0] for row in rows):
-        return None
-    return rows[0]
+    return tree.draft_probs[rows.pop()].tolist()
 
 
 def reference_rejection(
@@ -129,13 +127,14 @@ def reference_rejection(
             total = sum(probs.tolist())
             p = [x / total for x in probs.tolist()]
             q_left = list(draft)
+            uniforms = draw_uniforms(generator, len(kids)).tolist()
             child = None
-            for kid in kids:
+            for kid, u in zip(kids, uniforms, strict=True):
                 token = tree.tokens[kid]
                 if q_left[token] <= 0.0:
                     raise ValueError(f"node {kid} has draft probability 0 for its own token")
                 q_now = [x / sum(q_left) for x in q_left]
-                if draw_uniform(generator) < p[token] / q_now[token]:
+                if u < p[token] / q_now[token]:
                     child = kid
                     break
                 residual = [max(pi - qi, 0.0) for pi, qi in zip(p, q_now, strict=True)]

@@ -24,7 +24,7 @@ import torch
 from specgraft.config import SamplingConfig
 from specgraft.types import DraftTree, VerifyResult
 from specgraft.verify.greedy import check_rows, child_index, verify_greedy
-from specgraft.verify.processing import draw_uniform, sample_token, target_probs
+from specgraft.verify.processing import draw_uniforms, sample_token, target_probs
 
 
 def verify(
@@ -68,15 +68,16 @@ def verify_rejection(
 ) -> VerifyResult:
     """Recursive rejection sampling at nodes whose children were drawn from a draft distribution.
 
-    **Contract for ``tree.draft_probs``** (``[N, V]``): row ``c`` is the distribution ``q``
-    that node ``c`` was sampled from, shared by all children of one parent, and the children
-    in node order are the *distinct* values of i.i.d. draws from ``q`` in order of first
-    appearance (or draws without replacement), possibly cut to a prefix (as ``merge_drafts``'
-    budget does for a draft without ``scores``). Reordering or selecting children by their
-    tokens (best-first by score, pruning by confidence) breaks this; such drafters must leave
-    ``draft_probs`` out (NaN rows), and those nodes use sample-and-match.
+    **Contract for ``tree.draft_probs``** (``[P, V]``) and ``tree.prob_rows`` (``[N]``):
+    ``draft_probs[prob_rows[c]]`` is the distribution ``q`` that node ``c`` was sampled from,
+    one row shared by all children of one parent, and the children in node order are the
+    *distinct* values of i.i.d. draws from ``q`` in order of first appearance (or draws without
+    replacement), possibly cut to a prefix whose length does not depend on their values (as
+    ``merge_drafts``' budget does for a draft without ``scores``). Reordering or selecting
+    children by their tokens (best-first by score, pruning by confidence) breaks this; such
+    nodes must get row -1, and they use sample-and-match.
 
-    **The rule at a node** whose children ``c_1, c_2, ...`` all carry the same non-NaN row:
+    **The rule at a node** whose children ``c_1, c_2, ...`` all carry the same row ``>= 0``:
     start with ``p = target_probs(row)`` and ``q_1 = q``; for ``j = 1, 2, ...``: draw
     ``u ~ U[0, 1)`` and accept ``c_j`` if ``u < p(c_j) / q_j(c_j)``; otherwise set
     ``p <- normalize(max(p - q_j, 0))`` and ``q_{j+1} = q_j`` with ``c_j`` removed and
@@ -104,8 +105,10 @@ def verify_rejection(
     **Why mixing rules per node is exact.** Each node's rule, whichever it is, emits a token
     whose law given everything decided so far is ``target_probs(row)``: sample-and-match
     for any fixed candidates, rejection for candidates drawn as above. The chain rule only
-    needs that per-node property, so nodes with NaN rows, children with different rows, or
-    no children use sample-and-match while their neighbours use rejection.
+    needs that per-node property, so nodes with children of row -1, children with different
+    rows, or no children use sample-and-match while their neighbours use rejection, provided
+    the choice at a node never depends on its children's sampled values (``tree/build.py``
+    decides it by what is offered there).
 
     Example: ``p = [0, 1, 0]`` at the root, children tokens ``[0, 1]`` drawn from
     ``q = [0.5, 0.5, 0]``: child 0 is rejected (``p(0) = 0``), the residual is
@@ -133,19 +136,15 @@ def verify_rejection(
 
 
 def shared_draft_row(tree: DraftTree, kids: list[int]) -> torch.Tensor | None:
-    """The draft row ``[V]`` shared by all of ``kids``, or None when the node must use sample-and-match.
-
-    None when there are no children, no ``draft_probs``, or the children's rows are not all
-    equal to the first one: a NaN row (a deterministic candidate) never compares equal, and
-    differing rows mean the children were not drawn from one ``q``.
-    """
-    if tree.draft_probs is None or not kids:
+    """The draft row ``[V]`` all of ``kids`` were sampled from, or None when the node must use
+    sample-and-match: no children, no ``draft_probs``, a child that was not sampled (row -1),
+    or children from different rows (not drawn from one ``q``)."""
+    if tree.prob_rows is None or not kids:
         return None
-    # [k, V]
-    rows = tree.draft_probs[kids]
-    if not bool((rows == rows[0]).all()):
+    row = tree.prob_rows[kids[0]]
+    if row < 0 or any(tree.prob_rows[c] != row for c in kids):
         return None
-    return rows[0]
+    return tree.draft_probs[row]
 
 
 def recursive_rejection(
@@ -159,8 +158,13 @@ def recursive_rejection(
 
     ``target`` and ``draft`` are ``[V]`` rows; ``tokens[j]`` is the token of ``kids[j]``.
     Arithmetic is float64 so residuals stay clean after several rejections. ``q_j`` is ``q``
-    over the untried tokens, divided by their mass ``q_mass``; the tried tokens need no zeroing
-    in the residual because ``p`` is already 0 there (each was rejected, so ``p < q_j`` there).
+    over the untried tokens, divided by their mass; the tried tokens need no zeroing in the
+    residual because ``p`` is already 0 there (each was rejected, so ``p < q_j`` there).
+
+    One uniform per child is drawn up front (``draw_uniforms``), so the number of values taken
+    from the generator does not depend on the outcome, and every child's test and residual is
+    computed on the rows' device: one host sync per node reads the first accepted child (plus
+    the bonus draw when none is).
     """
     # [V], normalised once in float64 so that the rule's identity (the node emits p) holds to
     # float64 rounding even when the float32 row sums to 1 +- 1e-7
@@ -168,21 +172,31 @@ def recursive_rejection(
     p = p / p.sum()
     # [V]
     q = draft.to(device=p.device, dtype=torch.float64)
-    q_tokens = q[tokens].tolist()
-    q_mass = float(q.sum())
-    for j, (child, token, q_token) in enumerate(zip(kids, tokens, q_tokens, strict=True)):
-        if not q_token > 0.0:
-            raise ValueError(
-                f"node {child} (token {token}) has draft probability {q_token} for its own token, "
-                "so it cannot have been sampled from its draft_probs row"
-            )
-        if draw_uniform(generator) * q_token < float(p[token]) * q_mass:
-            return child, token
-        # [V]
-        residual = (p - q / q_mass).clamp_(min=0.0)
-        mass = float(residual.sum())
-        if mass > 0.0:
-            p = residual / mass
-        # the untried mass is at least that of the untried children, whatever the rounding
-        q_mass = max(q_mass - q_token, sum(q_tokens[j + 1 :]))
+    m = len(tokens)
+    tok = torch.tensor(tokens, device=p.device)
+    # [m]
+    u = draw_uniforms(generator, m).to(p.device)
+    q_tok = q[tok]
+    # [m]: the untried mass before each child; rounding never lets it fall below the untried children's
+    suffix = q_tok.flip(0).cumsum(0).flip(0)
+    accepted = []
+    mass = q.sum()
+    for j in range(m):
+        accepted.append(u[j] * q_tok[j] < p[tok[j]] * mass)
+        residual = (p - q / mass).clamp_(min=0.0)
+        total = residual.sum()
+        p = torch.where(total > 0.0, residual / total, p)
+        if j + 1 < m:
+            mass = torch.maximum(mass - q_tok[j], suffix[j + 1])
+    # one sync: [m] accepted flags, then whether a child had draft probability 0
+    flags = torch.stack([*accepted, (q_tok <= 0.0).any()]).tolist()
+    if flags[-1]:
+        j = next(i for i, x in enumerate(q_tok.tolist()) if not x > 0.0)
+        raise ValueError(
+            f"node {kids[j]} (token {tokens[j]}) has draft probability {q_tok[j].item()} for its own token, "
+            "so it cannot have been sampled from its draft_probs row"
+        )
+    first = next((j for j, ok in enumerate(flags[:-1]) if ok), None)
+    if first is not None:
+        return kids[first], tokens[first]
     return None, sample_token(p, generator)

@@ -1,5 +1,7 @@
 """Prompt suites: the packaged prompt sets, EAGLE's alpaca set read from a path, or any JSONL file.
 
+The benchmark runs them (``bench/``); calibration refuses to fit on their prompts.
+
 Every file has one JSON object per line with ``id`` (str, unique), ``task`` (str) and ``turns``
 (a non-empty list of user turns, str); an optional ``chat`` (bool) says whether the prompt is
 wrapped in the model's chat template (default: yes, except HumanEval's raw code completion).
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+DATA_DIR = Path(__file__).resolve().parent / "data"
 
 # suite name -> packaged file
 SUITES: dict[str, str] = {

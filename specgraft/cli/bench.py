@@ -1,8 +1,5 @@
-"""`specgraft bench`: the benchmark as a typer command.
-
-Register it on the main app with ``app.command()(bench)``; ``python -m specgraft.bench`` runs it
-standalone.
-"""
+"""`specgraft bench | report`: the benchmark as typer commands (``python -m specgraft.bench`` runs
+``bench`` standalone). Imports no torch: the runner is imported when the command runs."""
 
 from __future__ import annotations
 
@@ -51,6 +48,12 @@ def bench(
         help="draft-tree and graft variants sample draft children at --temperature (> 0) and verify by rejection sampling.",
     ),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; recorded)."),
+    device: str = typer.Option("auto", "--device", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; recorded."),
+    learning: str = typer.Option(
+        "request", "--learning",
+        help="request: every input starts from the shared drafter state (priors, --recycling-state); shared: what each "
+        "input learns carries over to the next (the result then depends on prompt order).",
+    ),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md, plots/."),
     resume: bool = typer.Option(False, "--resume", help="Continue a run in --out, skipping finished rows."),
     bracket: bool = typer.Option(
@@ -74,7 +77,7 @@ def bench(
         model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, per_task=per_task,
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
         threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
-        preset=preset, sample_drafts=sample_drafts,
+        preset=preset, sample_drafts=sample_drafts, device=device, learning=learning,
     )
     report = run_benchmark(config)
     typer.echo(report.read_text())

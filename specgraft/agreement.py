@@ -1,4 +1,4 @@
-"""Agreement of a method's output with plain decoding, position by position.
+"""Agreement of a method's output with plain decoding, position by position (``generate --compare``, the benchmark).
 
 Greedy speculative decoding is lossless, so in fp32 every method's tokens equal plain decoding's.
 In bf16 the batched tree pass and the one-token pass round differently and outputs can drift

@@ -1,7 +1,6 @@
 """`specgraft calibrate`: warm up Graft's successor matrix and calibrate its pruning thresholds.
 
-Registered in ``cli.py`` with ``app.command()(calibrate)``. Heavy imports happen inside the
-command so that ``specgraft --help`` stays fast. Example::
+Heavy imports happen inside the command so that ``specgraft --help`` stays fast. Example::
 
     specgraft calibrate --model qwen2.5-coder-1.5b-instruct \\
         --draft-model qwen2.5-coder-0.5b-instruct \\
@@ -19,7 +18,6 @@ subset's own and prints them side by side (the paper's Table 11).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -66,17 +64,20 @@ def calibrate(
     chat: bool = typer.Option(True, help="Wrap records in the chat template."),
     k: int = typer.Option(8, help="Successors per token in the matrix."),
     threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice)."),
+    device: str = typer.Option("auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; the draft model's too."),
 ) -> None:
     """Warm up Graft's successor matrix on a corpus and calibrate its pruning thresholds."""
     import torch
     from rich.console import Console
 
     from specgraft.api import SpecDecoder
-    from specgraft.calibrate import CALIBRATED_VARIANTS, read_task_corpus, run_calibration, save_calibration, split_corpus
-    from specgraft.calibrate import thresholds_table
+    from specgraft.calibration import CALIBRATED_VARIANTS, run_calibration, save_calibration, thresholds_table
+    from specgraft.calibration.corpus import benchmark_turns, read_task_corpus, split_corpus
+    from specgraft.cli.generate import set_threads
     from specgraft.drafters.draft_model import check_vocab, get_preset
-    from specgraft.methods_graft import GraftOptions, load_draft_model, preset_budget
-    from specgraft.models.hf import parse_dtype
+    from specgraft.methods import GraftOptions, preset_budget
+    from specgraft.models.hf import parse_dtype, resolve_device
+    from specgraft.models.loading import load_draft_model
 
     err = Console(stderr=True, highlight=False)
     variants = list(dict.fromkeys(method))
@@ -93,13 +94,11 @@ def calibrate(
         raise ValueError("limit must be >= 0, prompts and max_new_tokens >= 1")
     if not tie_se >= 0:
         raise ValueError(f"tie-se must be >= 0, got {tie_se}")
-    parse_dtype(dtype)
+    device = resolve_device(device)
+    parse_dtype(dtype, device)
     draft_dtype = draft_dtype or dtype
-    parse_dtype(draft_dtype)  # "auto" resolves per device at load time
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
+    parse_dtype(draft_dtype, device)
+    set_threads(threads)
     # groups: corpus files, or tasks; per group the first records warm up, the next are decoded
     banned = benchmark_turns(exclude)
     groups: dict[str, list] = {}
@@ -119,15 +118,15 @@ def calibrate(
         start = SuccessorMatrix.load(matrix)
         if start.k != k:
             raise ValueError(f"matrix {matrix!r} has k={start.k} successors per token, but --k is {k}")
-    dec = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype)
+    dec = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device)
     if start is not None:
         if start.vocab_size != dec.target.vocab_size:
             raise ValueError(f"matrix {matrix!r} has {start.vocab_size} rows but the model's vocabulary is {dec.target.vocab_size}")
         if warm:
-            from specgraft.warmup import warm_up_matrix
+            from specgraft.calibration.warmup import warm_up_matrix
 
             warm_up_matrix(dec.target, dec.tokenizer, warm, start, chat=chat, progress=True)
-    draft = load_draft_model(draft_model, draft_dtype, target_tokenizer=dec.tokenizer)
+    draft = load_draft_model(draft_model, draft_dtype, device, target_tokenizer=dec.tokenizer)
     check_vocab(dec.target.vocab_size, draft.get_output_embeddings().weight.shape[0])
     decoded = [r for r in held_out if r.prompt]
     prompt_ids = [dec.encode(r.prompt, chat=chat) for r in decoded]
@@ -137,7 +136,7 @@ def calibrate(
         f"(depth {p.depth}, top-k {p.top_k}, checkpoints {p.checkpoints}), budget {budget}, "
         f"{len(warm)} warm-up records, {len(prompt_ids)} prompts x {max_new_tokens} tokens"
         + (f" over tasks {', '.join(tasks)}" if by_task else "")
-        + f", {dropped} corpus records dropped as benchmark prompts, threads {torch.get_num_threads()}"
+        + f", {dropped} corpus records dropped as benchmark prompts, threads {torch.get_num_threads()}, {device}"
     )
     t0 = time.perf_counter()
     cal = run_calibration(
@@ -149,7 +148,7 @@ def calibrate(
               "preset": preset, "corpus": list(corpus), "warm_records": len(warm), "prompts": len(prompt_ids),
               "by_task": by_task, "task_field": task_field if by_task else None, "tasks": tasks,
               "dropped_benchmark_prompts": dropped, "exclude": list(exclude), "start_matrix": matrix,
-              "max_new_tokens": max_new_tokens, "threads": torch.get_num_threads()},
+              "max_new_tokens": max_new_tokens, "threads": torch.get_num_threads(), "device": str(device)},
     )
     cal.draft["preset"] = preset
     path = save_calibration(cal, out_path)
@@ -173,17 +172,3 @@ def calibrate(
             # unwrapped, so that the markdown table can be pasted as it is
             err.print(thresholds_table(cal, variant), soft_wrap=True, markup=False)
     err.print(f"-> {path} (+ {path.with_suffix('.npz').name})")
-
-
-def benchmark_turns(extra: list[str]) -> set[str]:
-    """Every turn (stripped) of the packaged benchmark suites, of EAGLE's alpaca set when it is
-    found, and of the ``extra`` prompt files: corpus records with one of these prompts are dropped.
-    (Two AlpacaEval records, for instance, are MT-bench questions.)"""
-    from specgraft.bench.datasets import DATA_DIR, SUITES, read_prompt_file, resolve_alpaca_path
-
-    paths = [DATA_DIR / name for name in SUITES.values()]
-    alpaca = resolve_alpaca_path(None)
-    if alpaca is not None:
-        paths.append(alpaca)
-    paths += [Path(p) for p in extra]
-    return {turn.strip() for path in paths for prompt in read_prompt_file(path, path.stem) for turn in prompt.turns}

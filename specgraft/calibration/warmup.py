@@ -9,39 +9,15 @@ are what a chat model's outputs look like. Rows seen several times keep the last
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Sequence
 
 from specgraft.drafters.recycling import SuccessorMatrix
-from specgraft.models.hf import HFTarget
-
-
-def read_corpus(path: str | Path, limit: int | None = None) -> list[tuple[str, str]]:
-    """``(prompt, response)`` pairs from a JSONL file (``turns`` + ``response``) or a text file."""
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"corpus file {str(path)!r} does not exist")
-    records: list[tuple[str, str]] = []
-    if path.suffix == ".jsonl":
-        with path.open() as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                rec = json.loads(line)
-                turns = rec.get("turns") or [""]
-                records.append((str(turns[0]), str(rec.get("response", ""))))
-                if limit is not None and len(records) >= limit:
-                    break
-    else:
-        records.append(("", path.read_text()))
-    if not records:
-        raise ValueError(f"corpus file {str(path)!r} has no records")
-    return records
+from specgraft.models.base import TargetModel
+from specgraft.types import PrefillRequest
 
 
 def warm_up_matrix(
-    target: HFTarget, tokenizer, records: Sequence[tuple[str, str]], matrix: SuccessorMatrix, chat: bool = True, progress: bool = True, max_tokens: int = 1024
+    target: TargetModel, tokenizer, records: Sequence[tuple[str, str]], matrix: SuccessorMatrix, chat: bool = True, progress: bool = True, max_tokens: int = 1024
 ) -> int:
     """Fill ``matrix`` from ``records``; returns how many distinct rows are now known."""
     from rich.progress import track
@@ -56,8 +32,10 @@ def warm_up_matrix(
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:max_tokens]
         if len(ids) < 2:
             continue
-        target.reset()
-        top = target.prefill(ids, topk=matrix.k)
+        slot = target.allocate()
+        try:
+            top = target.prefill(slot, ids, PrefillRequest(topk=matrix.k)).topk
+        finally:
+            target.release(slot)
         matrix.update_rows(ids, top.numpy())
-    target.reset()
     return int((matrix.table[:, 0] >= 0).sum())

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from specgraft.methods_graft import GRAFT_METHODS, GraftOptions, build_from_method_options, check_graft_options
+import specgraft.methods.model_free as model_free
+from specgraft.methods.graft import GRAFT_METHODS, GraftOptions, build_from_method_options, check_graft_options
 
 if TYPE_CHECKING:
     from torch import nn
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from specgraft.drafters.pld import PLDConfig
     from specgraft.drafters.ptd import PTDConfig
     from specgraft.drafters.recycling import RecyclingConfig
+    from specgraft.models.base import TargetModel
 
 #: Nodes verified per step when the user gives no budget; every run records the budget it used.
 #: Measured on the 2-core AVX2 host (fp32, prepacked oneDNN linears), where a 1.5B verify pass
@@ -59,6 +60,9 @@ DEFAULT_BUDGETS: dict[str, int] = {
     "graft-tail": 8,
     "graft": 8,
 }
+
+#: ``MethodOptions.learning`` values (``drafters.base.Learning``; no torch import here).
+LEARNING = ("request", "shared")
 
 
 def _pld_config() -> PLDConfig:
@@ -92,6 +96,15 @@ class MethodOptions:
     """Width and depth limits, budget share and seed of PTD's perturbation draft tree."""
     graft: GraftOptions = field(default_factory=GraftOptions)
     """Draft model, preset and calibration of ``draft-tree`` and the Graft variants."""
+    learning: str = "request"
+    """What a request learns (PLD's copy rates, the successor matrix of ``recycling`` and the
+    Graft variants) is dropped at its end (``request``: every request starts from the shared
+    state, nothing of one user's text reaches another's drafts) or kept for later requests
+    (``shared``: opt-in, for one party's workload); see ``drafters/base.py``."""
+
+    def __post_init__(self) -> None:
+        if self.learning not in LEARNING:
+            raise ValueError(f"learning must be one of {', '.join(LEARNING)}, got {self.learning!r}")
 
 
 Build = Callable[..., "tuple[list[Drafter], Composer]"]
@@ -102,8 +115,10 @@ class MethodSpec:
     name: str
     summary: str
     build: Build
-    """``build(vocab, options, draft_model=None) -> (drafters, composer)``; ``draft_model`` is an
-    already loaded model (methods with ``needs_draft_model``; the others ignore it)."""
+    """``build(target, options, draft_model=None) -> (drafters, composer)``: ``target`` is the
+    loaded :class:`~specgraft.models.base.TargetModel` (its vocabulary, device, embeddings);
+    ``draft_model`` an already loaded draft model (methods with ``needs_draft_model``; the
+    others ignore it)."""
     default_budget: int
     """Nodes verified per step when the user gives no budget (see ``DEFAULT_BUDGETS``)."""
     needs_draft_model: bool = False
@@ -115,36 +130,6 @@ class MethodSpec:
             check_graft_options(self.name, options.graft, draft_model)
 
 
-def _ar(vocab: int, opts: MethodOptions, draft_model: Any = None) -> tuple[list[Drafter], Composer]:
-    from specgraft.composers.base import MergeComposer
-
-    return [], MergeComposer()
-
-
-def _pld(vocab: int, opts: MethodOptions, draft_model: Any = None) -> tuple[list[Drafter], Composer]:
-    from specgraft.composers.base import MergeComposer
-    from specgraft.drafters.pld import PLDDrafter
-
-    return [PLDDrafter(opts.pld)], MergeComposer()
-
-
-def _recycling(vocab: int, opts: MethodOptions, draft_model: Any = None) -> tuple[list[Drafter], Composer]:
-    from specgraft.composers.base import MergeComposer
-    from specgraft.drafters.recycling import RecyclingDrafter, SuccessorMatrix
-
-    matrix = None
-    if opts.recycling_state:
-        matrix = SuccessorMatrix.load(Path(opts.recycling_state), vocab_size=vocab)
-    return [RecyclingDrafter(vocab, opts.recycling, matrix)], MergeComposer()
-
-
-def _ptd(vocab: int, opts: MethodOptions, draft_model: Any = None) -> tuple[list[Drafter], Composer]:
-    from specgraft.composers.base import MergeComposer
-    from specgraft.drafters.ptd import PTDDrafter
-
-    return [PTDDrafter(opts.ptd)], MergeComposer()
-
-
 def _spec(name: str, summary: str, build: Build, needs_draft_model: bool = False) -> MethodSpec:
     return MethodSpec(name, summary, build, DEFAULT_BUDGETS[name], needs_draft_model)
 
@@ -152,13 +137,15 @@ def _spec(name: str, summary: str, build: Build, needs_draft_model: bool = False
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
-        _spec("ar", "plain autoregressive decoding through the same adapter (the baseline)", _ar),
-        _spec("pld", "prompt lookup: copies of earlier spans of prompt + output, branches as a tree", _pld),
+        _spec("ar", "plain autoregressive decoding through the same adapter (the baseline)", model_free.build_ar),
+        _spec("pld", "prompt lookup: copies of earlier spans of prompt + output, branches as a tree", model_free.build_pld),
         _spec(
-            "recycling", "Token Recycling: top-k successor matrix refreshed from the target's logits, static template", _recycling
+            "recycling", "Token Recycling: top-k successor matrix refreshed from the target's logits, static template",
+            model_free.build_recycling,
         ),
         _spec(
-            "ptd", "Progressive Tree Drafting: the target drafts for itself from a perturbation tree fed in the same pass", _ptd
+            "ptd", "Progressive Tree Drafting: the target drafts for itself from a perturbation tree fed in the same pass",
+            model_free.build_ptd,
         ),
         *(
             _spec(name, summary, partial(build_from_method_options, name), needs_draft_model=True)
@@ -177,3 +164,8 @@ def get_method(name: str) -> MethodSpec:
 
 def method_names() -> Sequence[str]:
     return sorted(METHODS)
+
+
+def build_method(name: str, target: TargetModel, options: MethodOptions = MethodOptions(), draft_model: Any = None):
+    """``(drafters, composer)`` of method ``name`` for ``target``."""
+    return get_method(name).build(target, options, draft_model)

@@ -2,17 +2,18 @@
 
 ``MethodOptions`` carries a :class:`GraftOptions` (plain, JSON-able data: a run prints it). The
 draft model is named there (catalog name, local directory or Hugging Face id), or passed
-already loaded: ``SpecDecoder`` loads it once and hands it to every decoder made with
-``with_method``, and the benchmark passes the model it loaded for ``hf-assisted``. Each drafter
-keeps its own KV cache over the shared weights.
+already loaded: ``SpecDecoder`` loads it once (on the target's device) and hands it to every
+decoder made with ``with_method``, and the benchmark passes the model it loaded for
+``hf-assisted``. Each drafter has its own cache slots over the shared weights.
 
     >>> sorted(GRAFT_METHODS)
     ['draft-tree', 'graft', 'graft-fixed', 'graft-prune', 'graft-root', 'graft-tail']
 
 Building by hand, with a model already loaded::
 
-    drafters, composer = build_graft_method("graft", target_vocab, GraftOptions(calibration="c.json"), draft_model=model)
-    engine = SpecEngine(HFTarget(target_model), drafters, composer, method="graft")
+    target = HFTarget(target_model)
+    drafters, composer = build_graft_method("graft", target, GraftOptions(calibration="c.json"), draft_model=model)
+    engine = SpecEngine(target, drafters, composer, method="graft")
 
 This module is imported by the registry, which the CLI reads at start-up: torch, transformers
 and the drafter modules are imported where they are used, not here.
@@ -20,8 +21,6 @@ and the drafter modules are imported where they are used, not here.
 
 from __future__ import annotations
 
-import math
-import weakref
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -29,9 +28,10 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedTokenizerBase
 
-    from specgraft.calibrate import Calibration
+    from specgraft.calibration.io import Calibration
     from specgraft.composers.graft import GraftComposer
     from specgraft.drafters.base import Drafter
+    from specgraft.models.base import TargetModel
 
 GRAFT_METHODS: dict[str, str] = {
     "draft-tree": "dense draft-model tree (EAGLE-2 style: top-k expansion by path score, best K nodes); needs --draft-model",
@@ -51,9 +51,8 @@ class GraftOptions:
     """Draft model: catalog name, local directory or Hugging Face id; must share the target's
     vocabulary. A loaded model passed as ``draft_model`` (``SpecDecoder``, ``MethodSpec.build``) is used instead."""
     draft_dtype: str = "auto"
-    """dtype the draft model is loaded in (``auto``: float32 on CPUs without native bf16, see ``models/kernels.py``)."""
-    device: str = "cpu"
-    """Device the draft model is loaded on (the target's)."""
+    """dtype the draft model is loaded in (``auto``: float32 on CPUs without native bf16, see
+    ``models/kernels.py``); it is always loaded on the target's device."""
     preset: str = "cpu"
     """``cpu`` (depth 4, top-k 2, checkpoints 0/1/2, budget 8) or ``gpu`` (the paper: depth 8,
     top-k 10, checkpoints 0/1/5, budget 60); see ``PRESETS`` in ``drafters/draft_model.py``. A
@@ -67,14 +66,13 @@ class GraftOptions:
     thresholds: tuple[float, ...] | None = None
     """Override ``tau_d`` per checkpoint (else the calibration's, else the preset's uncalibrated defaults)."""
     sample_drafts: bool = False
-    """Draw draft children i.i.d. from the draft distribution so sampling can use rejection
+    """In sampling generations, draw draft children i.i.d. from the draft distribution (shaped
+    by the generation's temperature, top-k and top-p) so that they are verified by rejection
     sampling (more accepted tokens than sample-and-match, equally exact). Greedy decoding
-    (temperature 0) never reads the draft probabilities; :func:`with_sampled_drafts` refuses it."""
-    draft_temperature: float = 1.0
-    """Temperature of the draft distribution (match the sampling temperature when sampling drafts)."""
+    never reads draft probabilities and drafts the top-k; :func:`with_sampled_drafts` refuses it."""
     seed: int = 0
-    """Seed of the draft sampler (sampling drafts only); keep it different from the sampling seed,
-    so the draft's and the verifier's random streams are not the same numbers."""
+    """Offset of the draft sampler's seed from the generation's sampling seed (sampled drafts
+    only; a generation without a seed gets a fresh random draft seed)."""
 
     def __post_init__(self) -> None:
         from specgraft.drafters.draft_model import get_preset
@@ -84,8 +82,6 @@ class GraftOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if not (math.isfinite(self.draft_temperature) and self.draft_temperature > 0):
-            raise ValueError(f"draft_temperature must be > 0, got {self.draft_temperature!r}")
         if self.thresholds is not None:
             object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
 
@@ -102,13 +98,13 @@ def preset_budget(options: GraftOptions) -> int:
     return get_preset(options.preset).budget
 
 
-def with_sampled_drafts(options: GraftOptions, temperature: float, seed: int | None = None) -> GraftOptions:
-    """``options`` drafting by sampling at the sampling ``temperature`` (``--sample-drafts``), the
-    draft sampler seeded with ``seed + 1`` (``seed`` None: 0), never the sampling seed itself.
+def with_sampled_drafts(options: GraftOptions, temperature: float) -> GraftOptions:
+    """``options`` drafting by sampling (``--sample-drafts``) for a generation at ``temperature``;
+    each sequence's draft sampler is seeded from the generation's sampling seed
+    (``DraftModelDrafter.begin``).
 
-    >>> o = with_sampled_drafts(GraftOptions(), 0.7, seed=3)
-    >>> o.sample_drafts, o.draft_temperature, o.seed
-    (True, 0.7, 4)
+    >>> with_sampled_drafts(GraftOptions(), 0.7).sample_drafts
+    True
     >>> with_sampled_drafts(GraftOptions(), 0.0)
     Traceback (most recent call last):
     ValueError: --sample-drafts needs --temperature > 0: greedy decoding verifies by argmax and never reads draft probabilities
@@ -117,60 +113,7 @@ def with_sampled_drafts(options: GraftOptions, temperature: float, seed: int | N
         raise ValueError(
             "--sample-drafts needs --temperature > 0: greedy decoding verifies by argmax and never reads draft probabilities"
         )
-    return replace(options, sample_drafts=True, draft_temperature=float(temperature), seed=0 if seed is None else seed + 1)
-
-
-# Loaded draft models by (path, dtype, device), alive while a drafter uses them.
-_loaded_models: "weakref.WeakValueDictionary[tuple[str, str, str], nn.Module]" = weakref.WeakValueDictionary()
-
-
-def load_draft_model(
-    name: str,
-    dtype: str = "auto",
-    device: str = "cpu",
-    progress: bool = True,
-    target_tokenizer: PreTrainedTokenizerBase | None = None,
-) -> nn.Module:
-    """Load (or reuse, while loaded) a draft model by catalog name, directory or hub id, with the
-    same loader and CPU kernels as the target (:func:`specgraft.models.hf.load_causal_lm`).
-
-    With ``target_tokenizer``, the draft model's tokenizer must have the same vocabulary
-    (``ValueError`` otherwise): equal vocabulary sizes alone would let two tokenizers that
-    number their tokens differently pass. Without it, only the sizes are compared (when the
-    drafter is built). A model that cannot be pulled or loaded raises
-    :class:`~specgraft.models.catalog.ModelLoadError` naming it.
-    """
-    from transformers import AutoConfig
-
-    from specgraft.models.catalog import load_errors, resolve_model
-    from specgraft.models.hf import load_causal_lm, parse_dtype
-
-    resolved = parse_dtype(dtype, device)
-    path = resolve_model(name, progress=progress)
-    with load_errors(name, "draft model"):
-        AutoConfig.from_pretrained(path)  # cheap: "not a model" before the tokenizer check says something vaguer
-    if target_tokenizer is not None:
-        check_same_vocabulary(name, path, target_tokenizer)
-    key = (str(path), str(resolved), str(device))
-    model = _loaded_models.get(key)
-    if model is None:
-        with load_errors(name, "draft model"):
-            model = load_causal_lm(path, resolved, device)
-        _loaded_models[key] = model
-    return model
-
-
-def check_same_vocabulary(name: str, path: str, target_tokenizer: PreTrainedTokenizerBase) -> None:
-    """``ValueError`` unless the tokenizer stored at ``path`` (draft model ``name``) maps every
-    token to the same id as ``target_tokenizer``."""
-    from transformers import AutoTokenizer
-
-    try:
-        draft_tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"draft model {name!r} has no tokenizer to compare with the target's ({e})") from e
-    if draft_tokenizer.get_vocab() != target_tokenizer.get_vocab():
-        raise ValueError(f"draft model {name!r} has a different vocabulary from the target's; it must use the target's tokenizer")
+    return replace(options, sample_drafts=True)
 
 
 def reads_calibration(variant: str) -> bool:
@@ -191,7 +134,7 @@ def check_graft_options(variant: str, options: GraftOptions, draft_model: nn.Mod
     """What can be checked before any model is loaded: a draft model is given or named, and
     the calibration file (if ``variant`` reads one) is readable and, if ``variant`` takes its
     thresholds from it, made for this run's draft settings. ``ValueError`` otherwise."""
-    from specgraft.calibrate import load_calibration
+    from specgraft.calibration.io import load_calibration
 
     require_draft_model(variant, options, draft_model)
     if options.calibration and reads_calibration(variant):
@@ -246,7 +189,7 @@ def check_calibration_budget(variant: str, options: GraftOptions, budget: int) -
     """``ValueError`` when ``variant`` would gate on a calibration's thresholds at a budget other
     than the one they were fitted at. Building a method does not know the budget (it is chosen
     per generation), so the code that resolves a run's budget calls this."""
-    from specgraft.calibrate import load_calibration
+    from specgraft.calibration.io import load_calibration
 
     if uses_calibrated_thresholds(variant, options):
         check_calibration_draft(options, load_calibration(options.calibration), budget)
@@ -276,31 +219,35 @@ def gate_thresholds(variant: str, options: GraftOptions, calibration: Calibratio
 
 def build_graft_method(
     variant: str,
-    vocab: int,
+    target: TargetModel,
     options: GraftOptions,
     draft_model: nn.Module | None = None,
     target_tokenizer: PreTrainedTokenizerBase | None = None,
+    learning: str = "request",
 ) -> tuple[list[Drafter], GraftComposer]:
-    """Drafters and composer of ``variant`` (one of ``GRAFT_METHODS``) for a target with ``vocab`` tokens.
+    """Drafters and composer of ``variant`` (one of ``GRAFT_METHODS``) for ``target``.
 
-    ``draft_model`` is used when given, else ``options.draft_model`` is loaded; pass the
-    target's tokenizer as ``target_tokenizer`` so that loading checks the two vocabularies map
-    every token to the same id (:func:`load_draft_model`). Without it only the vocabulary
-    sizes are compared. ``MethodSpec.build`` has no tokenizer to pass, so
-    :class:`~specgraft.api.SpecDecoder` loads the draft model itself, with the check, before building.
+    ``draft_model`` is used when given, else ``options.draft_model`` is loaded on the target's
+    device; pass the target's tokenizer as ``target_tokenizer`` so that loading checks the two
+    vocabularies map every token to the same id (:func:`~specgraft.models.loading.load_draft_model`).
+    Without it only the vocabulary sizes are compared. ``MethodSpec.build`` has no tokenizer to
+    pass, so :class:`~specgraft.api.SpecDecoder` loads the draft model itself, with the check,
+    before building. ``learning`` is ``MethodOptions.learning`` (the successor matrix's policy).
     """
-    from specgraft.calibrate import load_calibration
-    from specgraft.composers.graft import VARIANTS, GraftComposer, GraftConfig, GraftRetrieval, StagePlanner
+    from specgraft.calibration.io import load_calibration
+    from specgraft.composers.graft import VARIANTS, GraftComposer, GraftConfig, StagePlanner
+    from specgraft.drafters.base import Learning
     from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig, get_preset
+    from specgraft.drafters.graft_retrieval import GraftRetrieval
     from specgraft.drafters.recycling import SuccessorMatrix
+    from specgraft.models.loading import load_draft_model
 
     if variant not in VARIANTS:
         raise ValueError(f"unknown Graft variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    vocab = target.vocab_size
     if draft_model is None:
         require_draft_model(variant, options, draft_model)
-        draft_model = load_draft_model(
-            options.draft_model, options.draft_dtype, options.device, target_tokenizer=target_tokenizer
-        )
+        draft_model = load_draft_model(options.draft_model, options.draft_dtype, target.device, target_tokenizer=target_tokenizer)
     preset = get_preset(options.preset)
     calibration = None
     if options.calibration and reads_calibration(variant):
@@ -315,20 +262,19 @@ def build_graft_method(
         checkpoints=checkpoints if config.gated else (),
         thresholds=thresholds,
         sample=options.sample_drafts,
-        temperature=options.draft_temperature,
         seed=options.seed,
     )
     drafters: list[Drafter] = [DraftModelDrafter(draft_model, draft_config, target_vocab=vocab)]
     planner = StagePlanner(config)
-    matrix = calibration.matrix if calibration is not None else SuccessorMatrix(vocab, k)
     if config.retrieval is not None:
-        # graft-tail fills its template in the composer, but the matrix learns through this drafter
-        drafters.append(GraftRetrieval(vocab, planner, matrix))
-    return drafters, GraftComposer(config, planner, matrix)
+        # graft-tail fills its template in the composer from this drafter's (per-sequence) matrix
+        matrix = calibration.matrix if calibration is not None else SuccessorMatrix(vocab, k)
+        drafters.append(GraftRetrieval(vocab, planner, matrix, Learning(learning)))
+    return drafters, GraftComposer(config, planner)
 
 
 def build_from_method_options(
-    variant: str, vocab: int, options: Any, draft_model: nn.Module | None = None
+    variant: str, target: TargetModel, options: Any, draft_model: nn.Module | None = None
 ) -> tuple[list[Drafter], GraftComposer]:
     """``MethodSpec.build`` for a Graft variant: reads ``options.graft`` (a :class:`GraftOptions`)."""
-    return build_graft_method(variant, vocab, options.graft, draft_model)
+    return build_graft_method(variant, target, options.graft, draft_model, learning=options.learning)

@@ -1,0 +1,32 @@
+"""Methods: the registry (``registry.py``) and one module per method family.
+
+``from specgraft.methods import METHODS, MethodOptions, get_method`` keeps working; this package
+imports no torch (the CLI reads the registry at start-up).
+"""
+
+from specgraft.methods.graft import GRAFT_METHODS, GraftOptions, preset_budget, with_sampled_drafts
+from specgraft.methods.registry import (
+    DEFAULT_BUDGETS,
+    LEARNING,
+    METHODS,
+    MethodOptions,
+    MethodSpec,
+    build_method,
+    get_method,
+    method_names,
+)
+
+__all__ = [
+    "DEFAULT_BUDGETS",
+    "GRAFT_METHODS",
+    "GraftOptions",
+    "LEARNING",
+    "METHODS",
+    "MethodOptions",
+    "MethodSpec",
+    "build_method",
+    "get_method",
+    "method_names",
+    "preset_budget",
+    "with_sampled_drafts",
+]

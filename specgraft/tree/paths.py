@@ -1,0 +1,36 @@
+"""Token paths and best paths of trees given as ``parents`` lists (``-1`` = child of the root)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def token_paths(tokens: Sequence[int], parents: Sequence[int]) -> list[tuple[int, ...]]:
+    """The token path from the root to every node.
+
+    >>> token_paths([5, 9, 6], [-1, 0, -1])
+    [(5,), (5, 9), (6,)]
+    """
+    paths: list[tuple[int, ...]] = []
+    for tok, p in zip(tokens, parents, strict=True):
+        paths.append((paths[p] if p >= 0 else ()) + (int(tok),))
+    return paths
+
+
+def best_path(parents: Sequence[int], scores: Sequence[float] | None) -> list[int]:
+    """Nodes from the root to a leaf, taking the best-scoring child each time (ties and
+    ``scores=None``: the first child).
+
+    >>> best_path([-1, -1, 0, 0], [0.5, 0.2, 0.1, 0.3])
+    [0, 3]
+    """
+    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents):
+        children[p + 1].append(i)
+    path: list[int] = []
+    node = -1
+    while children[node + 1]:
+        kids = children[node + 1]
+        node = max(kids, key=lambda c: (scores[c], -c)) if scores is not None else kids[0]
+        path.append(node)
+    return path
