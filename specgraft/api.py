@@ -216,10 +216,11 @@ class SpecDecoder:
         tokens: list[int] = []
         shown = 0  # characters of detok.text yielded
         stop_at: int | None = None  # character where the first stop string starts
-        steps = self.engine.stream_ids(ids, config)
+        seq = self.engine.start(ids, config)
         engine_tokens = 0
         try:
-            for chunk in steps:
+            while not seq.done:
+                chunk = self.engine.step(seq)
                 engine_tokens += len(chunk)
                 # with stop strings token by token (to end exactly at the one completing a stop)
                 for piece_ids in ([[t] for t in chunk] if stops else [chunk]):
@@ -250,8 +251,8 @@ class SpecDecoder:
                     yield detok.text[shown:end]
                     shown = end
         finally:
-            steps.close()
-            stats = self.engine.last_stats
+            self.engine.finish(seq)
+            stats = seq.stats
             stats.trim_last_step(engine_tokens - len(tokens))
             text = detok.text[:shown] if detok is not None else ""
             self.last_output = GenerationOutput(text=text, tokens=tokens, stats=stats, config=self.resolved_config(config))

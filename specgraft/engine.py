@@ -110,7 +110,10 @@ class SpecEngine:
         generator = None
         if not config.sampling.greedy:
             generator = torch.Generator(device=self.target.device)
-            generator.manual_seed(config.sampling.seed if config.sampling.seed is not None else torch.seed())
+            if config.sampling.seed is None:
+                generator.seed()  # a fresh seed, without reseeding torch's global generator
+            else:
+                generator.manual_seed(config.sampling.seed)
         seq = SequenceState(
             slot=self.target.allocate(),
             config=config,

@@ -54,7 +54,8 @@ class _Nodes:
             if value is not None and len(value) != n:
                 raise ValueError(f"{len(value)} {name} for {n} nodes")
         if (self.draft_probs is None) != (self.prob_rows is None):
-            raise ValueError("draft_probs and prob_rows go together (a table of rows and each node's row in it)")
+            missing = "prob_rows" if self.prob_rows is None else "draft_probs"
+            raise ValueError(f"draft_probs and prob_rows go together (a table of rows and each node's row in it); {missing} is missing")
         if self.prob_rows is not None:
             rows = self.draft_probs.shape[0]
             if any(not -1 <= r < rows for r in self.prob_rows):
@@ -322,7 +323,8 @@ class GenerationStats:
         if dropped <= 0:
             return
         last = self.last_step_tokens
-        assert 0 < dropped <= last, f"cannot drop {dropped} of the last step's {last} tokens"
+        if not 0 < dropped <= last:
+            raise ValueError(f"cannot drop {dropped} of the last step's {last} tokens")
         self.tokens_per_step[last] -= 1
         if not self.tokens_per_step[last]:
             del self.tokens_per_step[last]

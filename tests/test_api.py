@@ -85,6 +85,27 @@ def test_incremental_detokenizer_equals_full_decode(make):
         assert "".join(pieces) == detok.text == tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def test_interleaved_streams_keep_their_own_stats():
+    """Two streams of one decoder advanced in turns give what each gives alone, stats included."""
+    dec = SpecDecoder(tiny_llama(), tiny_tokenizer(), method="pld")
+    prompts = ["w5 w6 w7 w5 w6 w7 w5 w6", "w9 w10 w11 w9 w10"]
+    alone = [dec.generate(p, max_new_tokens=12) for p in prompts]
+    streams = [dec.stream(p, max_new_tokens=12) for p in prompts]
+    texts, outputs = ["", ""], [None, None]
+    live = [0, 1]
+    while live:
+        for i in list(live):
+            try:
+                texts[i] += next(streams[i])
+            except StopIteration:
+                live.remove(i)
+                outputs[i] = dec.last_output
+    for i in (0, 1):
+        assert texts[i] == alone[i].text
+    # the one stream that ended last left its output; each stream's stats counted its own tokens
+    assert dec.last_output.stats.new_tokens == len(dec.last_output.tokens) == 12
+
+
 def test_stop_holdback():
     assert _stop_holdback("abc ST", ["STOP"]) == 2
     assert _stop_holdback("abc", ["STOP"]) == 0

@@ -17,7 +17,8 @@ import torch
 
 from specgraft.composers.graft import GraftComposer, GraftConfig
 from specgraft.config import GenerationConfig, SamplingConfig
-from specgraft.drafters.draft_model import PRESETS, DraftModelDrafter, DraftTreeConfig, best_first, trim
+from specgraft.drafters.draft_model import PRESETS, DraftModelDrafter, DraftTreeConfig, trim
+from specgraft.tree.paths import best_first
 from specgraft.engine import SpecEngine
 from specgraft.methods.graft import GraftOptions, build_graft_method
 from specgraft.models.hf import HFTarget
@@ -74,7 +75,7 @@ def test_incremental_rows_equal_plain_forwards(arch):
     # the next root comes with two accepted tokens never fed: caught up in one forward (a chain)
     ctx = prompt + [21, 30, 40, 41, 42]
     torch.testing.assert_close(lm.forward_rows(slot, [40, 41, 42], [-1, 0, 1]).logits[-1], plain(ctx))
-    with pytest.raises(ValueError, match="not ascending rows"):
+    with pytest.raises(ValueError, match="not a chain"):
         lm.commit(slot, [1, 0])
 
 
@@ -192,6 +193,11 @@ def test_presets_and_config_validation():
         DraftTreeConfig(depth=8, checkpoints=(0, 1, 5), thresholds=(0.1, 0.2))
     with pytest.raises(ValueError, match="unknown draft preset"):
         GraftOptions(preset="tpu")
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+            DraftTreeConfig(seed=bad)
+        with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+            GraftOptions(seed=bad)
 
 
 # ---- losslessness -------------------------------------------------------------------------

@@ -97,6 +97,16 @@ def test_learning_policy_decides_what_crosses_requests():
         assert (second.matrix.table[1].tolist() == [4, 5]) is crosses and (m.table[1].tolist() == [4, 5]) is crosses
 
 
+def test_pld_proposes_at_most_its_budget_best_first():
+    ctx = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 10, 11, 12]
+    d = PLDDrafter(PLDConfig(max_copy=12, min_prob=0.0))
+    s = begin(d, ctx)
+    full = d.propose(s, ctx, budget=64)
+    for budget in (0, 1, 3, 5):
+        draft = d.propose(s, ctx, budget=budget)
+        assert len(draft) == min(budget, len(full)) and draft.tokens == full.tokens[: len(draft)]
+
+
 def test_pld_no_match_is_empty_and_context_sync():
     d = PLDDrafter()
     s = begin(d, [1, 2, 3])

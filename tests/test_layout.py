@@ -11,7 +11,6 @@ def test_chain_layout():
     lay = tree_layout([-1, 0, 1])
     assert lay.depth.tolist() == [0, 1, 2, 3]
     assert torch.equal(lay.ancestor_mask, torch.tril(torch.ones(4, 4, dtype=torch.bool)))
-    assert lay.position_ids(10).tolist() == [10, 11, 12, 13]
 
 
 def test_two_by_two_layout():

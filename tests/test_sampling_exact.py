@@ -37,6 +37,7 @@ from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig
 from specgraft.drafters.graft_retrieval import GraftRetrieval
 from specgraft.drafters.recycling import SuccessorMatrix
+from specgraft.tree.build import merge_drafts
 from specgraft.types import Draft, DraftTree
 from specgraft.verify import target_probs
 from specgraft.verify.sampling import shared_draft_row
@@ -372,6 +373,28 @@ def test_merge_of_sampled_and_deterministic_drafts_is_exact(sampled_first, budge
     if budget >= 6 or (sampled_first and budget >= 3):
         assert law.rules["rejection"] > 0, "the sampled grandchildren keep rejection sampling"
     assert_exact(law, f"merge, {'sampled' if sampled_first else 'deterministic'} draft first, budget {budget}")
+
+
+@pytest.mark.parametrize("budget", [3, 8])
+def test_one_sampled_draft_through_the_default_composer_is_exact(budget):
+    """A lone sampled draft takes MergeComposer's shortcut (no merge): its rows go through."""
+    draft = drafter(2, 2)
+    law = exact_step(lambda: MergeComposer().build([draft.propose(budget)], budget))
+    assert law.rules["rejection"] > 0
+    assert_exact(law, f"one sampled draft, budget {budget}")
+
+
+def test_a_sampled_child_on_a_probe_gets_sample_and_match():
+    """A probe counts as a deterministic offer: the parent's rule is sample-and-match whether or
+    not a drawn value lands on the probe's token (which would also put it out of draw order)."""
+    q = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
+    probes = Draft("ptd", tokens=[1], parents=[-1], probe=[True])
+    for tokens in ([0, 1], [0]):
+        sampled = Draft("draft", tokens=tokens, parents=[-1] * len(tokens), draft_probs=q, prob_rows=[0] * len(tokens))
+        tree = merge_drafts([probes, sampled], 8)
+        assert tree.prob_rows is None or all(r == -1 for r in tree.prob_rows), (tokens, tree)
+    with pytest.raises(ValueError, match="has sampled nodes and scores"):
+        merge_drafts([Draft("draft", [0], [-1], scores=[1.0], draft_probs=q, prob_rows=[0])], 8)
 
 
 def test_review_example_sampled_root_before_a_lookup_token():

@@ -9,7 +9,7 @@ from transformers import MistralConfig, MistralForCausalLM
 from specgraft.cache.slots import SlotCache
 from specgraft.config import GenerationConfig
 from specgraft.engine import SpecEngine
-from specgraft.methods import MethodOptions, build_method
+from specgraft.methods import GraftOptions, MethodOptions, build_method
 from specgraft.models.hf import HFTarget
 from specgraft.types import DraftTree
 
@@ -153,17 +153,20 @@ def test_long_prompt_prefilled_in_chunks_then_tree_passes(tiny_model):
     assert got == hf_greedy(tiny_model, prompt, 20)
 
 
-@pytest.mark.parametrize("method", ["pld", "recycling", "ptd"])
+@pytest.mark.parametrize("method", ["pld", "recycling", "ptd", "draft-tree", "graft"])
 def test_context_window_edge(method):
     """Generation runs to the last position of the context window and stops there, equal to plain
-    greedy decoding (trees near the edge are cut to the room left)."""
+    greedy decoding (trees near the edge are cut to the room left; a draft model feeds more rows
+    than positions there: positions, not rows, must stay inside the window)."""
     model = tiny_llama()
     model.config.max_position_embeddings = 64
+    draft = tiny_llama(seed=3)
+    draft.config.max_position_embeddings = 64
     rng = random.Random(4)
     unit = [rng.randrange(3, 96) for _ in range(5)]
     prompt = (unit * 10)[:50]
     target = HFTarget(model)
-    drafters, composer = build_method(method, target, MethodOptions())
+    drafters, composer = build_method(method, target, MethodOptions(graft=GraftOptions(depth=4, top_k=3)), draft)
     engine = SpecEngine(target, drafters, composer)
     got = engine.generate_ids(prompt, GenerationConfig(max_new_tokens=40, budget=8, stop_on_eos=False))
     assert len(prompt) + len(got) == 64 + 1, "the last committed position is the window's last one, plus the bonus token"
@@ -194,6 +197,22 @@ def test_models_the_tree_mask_cannot_serve_are_refused_at_construction():
     cfg._attn_implementation = "sdpa"
     with pytest.raises(ValueError, match="sliding_attention layers"):
         HFTarget(MistralForCausalLM(cfg))
+
+
+def test_bad_rows_and_commits_are_errors_that_change_nothing(tiny_model):
+    target = HFTarget(tiny_model)
+    slot = target.allocate()
+    target.prefill(slot, [5, 6, 7])
+    target.forward_rows(slot, [8, 9], [-1, 0])
+    with pytest.raises(ValueError, match="parent row 5 of new row 2"):
+        target.forward_rows(slot, [10], [5])
+    with pytest.raises(ValueError, match="not a chain"):
+        target.commit(slot, [1])
+    assert target.cache.pending[slot] == 2 and target.cache.write is None, "the failed calls changed nothing"
+    target.commit(slot, [0, 1])
+    assert_slot_equals_fresh_prefill(target, slot, [5, 6, 7, 8, 9])
+    with pytest.raises(ValueError, match="past the context window"):
+        target.forward_rows(slot, [3 + i % 90 for i in range(600)], list(range(-1, 599)))
 
 
 def test_token_ids_outside_the_vocabulary_are_errors():

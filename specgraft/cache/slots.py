@@ -42,6 +42,8 @@ class Write:
     offsets: list[int]
     rows: int
     kv_len: int
+    # [B, rows] row of every new row (only when the offsets differ), built once per forward
+    row_index: torch.Tensor | None = None
 
 
 class SlotLayer(CacheLayerMixin):
@@ -80,10 +82,11 @@ class SlotLayer(CacheLayerMixin):
             # [B, n] slot and row of every new row; advanced indices around a slice put their
             # dimensions first: [B, n, H, D]
             device = self.keys.device
+            if w.row_index is None:
+                w.row_index = torch.tensor(w.offsets, device=device)[:, None] + torch.arange(w.rows, device=device)[None]
             slot = torch.arange(w.start, stop, device=device)[:, None]
-            row = torch.tensor(w.offsets, device=device)[:, None] + torch.arange(w.rows, device=device)[None]
-            self.keys[slot, :, row] = key_states.transpose(1, 2)
-            self.values[slot, :, row] = value_states.transpose(1, 2)
+            self.keys[slot, :, w.row_index] = key_states.transpose(1, 2)
+            self.values[slot, :, w.row_index] = value_states.transpose(1, 2)
         return self.keys[w.start : stop, :, : w.kv_len], self.values[w.start : stop, :, : w.kv_len]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:

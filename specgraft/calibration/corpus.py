@@ -42,7 +42,7 @@ class CorpusRecord:
 
 
 def read_task_corpus(path: str | Path, task_field: str = "task") -> list[CorpusRecord]:
-    """Records of a corpus read as :func:`specgraft.warmup.read_corpus` does (JSONL ``turns`` +
+    """Records of a corpus read as :func:`read_corpus` does (JSONL ``turns`` +
     ``response``, or one text file), each with its task: the ``task_field`` value when the
     record has one, else the file's stem."""
     path = Path(path)

@@ -131,13 +131,17 @@ def choose_thresholds(
     conf = np.asarray(confidences, dtype=np.float64)
     acc = np.asarray(accepted, dtype=np.float64)
     steps, n_checkpoints = conf.shape
-    assert acc.shape == (steps, n_checkpoints + 1), f"accepted must be [steps, {n_checkpoints + 1}], got {acc.shape}"
-    assert steps > 0, "no calibration steps were recorded"
-    assert tie_se >= 0, f"tie_se must be >= 0, got {tie_se}"
+    if acc.shape != (steps, n_checkpoints + 1):
+        raise ValueError(f"accepted must be [steps, {n_checkpoints + 1}] = [{steps}, {n_checkpoints + 1}], got {list(acc.shape)}")
+    if steps == 0:
+        raise ValueError("no calibration steps were recorded")
+    if not tie_se >= 0:
+        raise ValueError(f"tie_se must be >= 0, got {tie_se}")
     # [steps, J + 1]
     step_time = np.broadcast_to(np.asarray(t_verify, dtype=np.float64), acc.shape) + np.asarray(forwards, dtype=np.float64) * t_draft
     grid = threshold_grid(conf) if candidates is None else [np.asarray(c, dtype=np.float64) for c in candidates]
-    assert len(grid) == n_checkpoints, f"{len(grid)} candidate lists for {n_checkpoints} checkpoints"
+    if len(grid) != n_checkpoints:
+        raise ValueError(f"{len(grid)} candidate lists for {n_checkpoints} checkpoints")
     # a checkpoint also takes the deeper ones' candidates: tau_0 = tau_2 = (a low c_2 value) must
     # stay possible under the monotone constraint, i.e. pruning deep while (almost) never at the root
     grid = [np.unique(np.concatenate(grid[j:])) for j in range(n_checkpoints)]

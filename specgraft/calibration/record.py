@@ -190,7 +190,7 @@ def record_steps(
     """Greedy decoding of ``prompts`` with the union of every stage tree; see the module docstring."""
     checkpoints = drafter.config.checkpoints
     if drafter.config.thresholds is not None:
-        raise ValueError("record with an ungated drafter (thresholds=None)")
+        raise ValueError(f"record with an ungated drafter (thresholds=None), got thresholds {drafter.config.thresholds}")
     rec = Recording(accepted={v: [] for v in composers}, sizes={v: [] for v in composers})
     rec.forwards = [d + 1 for d in checkpoints] + [drafter.config.depth]
     union = UnionDrafter(drafter, retrieval, composers, budget, rec)

@@ -21,6 +21,7 @@ class MergeComposer:
             d = drafts[0]
             # one drafter's tree within budget: nothing to merge (drafters never repeat a sibling)
             return DraftTree(
-                tokens=d.tokens, parents=d.parents, sources=[d.source] * len(d), draft_probs=d.draft_probs, probe=d.probe
+                tokens=d.tokens, parents=d.parents, sources=[d.source] * len(d), draft_probs=d.draft_probs,
+                prob_rows=d.prob_rows, probe=d.probe,
             )
         return merge_drafts(drafts, budget)

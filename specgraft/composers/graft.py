@@ -8,7 +8,8 @@ Under a fixed verification budget ``K`` (Graft sections 2-3, Appendix A, Algorit
 2. Stage ``s`` splits the budget ``K = K_draft(s) + K_ret(s)``: the paper keeps 8, 24, 40 of 60
    nodes from the draft for pruning at the root, after depth 1 and after depth 5; we keep the
    same shares of ``K`` (``round(K * 8 / 60)`` ...). The ``K_draft(s)`` best draft nodes by path
-   score are kept. No pruning: the whole budget goes to the draft.
+   score are kept (sampled drafts: the first ones, and never a cut inside the layers the gates
+   read, :meth:`GraftComposer.draft_nodes`). No pruning: the whole budget goes to the draft.
 3. Retrieval fills ``K_ret(s)`` slots from the successor matrix shared with Token Recycling
    (rows refreshed from the target's top-k at every verified node, warmed up from a corpus),
    rooted at the root token, with the stage's rank-path template (Table 7: ``d0`` 52 nodes
@@ -199,6 +200,15 @@ class StagePlanner:
             self._plans[budget] = plan_budget(self.config, budget)
         return self._plans[budget]
 
+    @property
+    def k(self) -> int:
+        """Successors per token the templates use (``GraftRetrieval`` reads it)."""
+        return self.config.k
+
+    def envelope(self, budget: int) -> RankTemplate:
+        """The root-centred envelope of ``budget``'s plan (what ``GraftRetrieval`` fills)."""
+        return self.plan(budget).envelope
+
 
 def retrieval_part(envelope: EnvelopeDraft, scores: np.ndarray) -> Draft:
     """The envelope nodes offered at a stage, scored by ``scores[template node]`` (NaN: not
@@ -240,9 +250,12 @@ class GraftComposer:
 
     def build(self, drafts: Sequence[Draft], budget: int) -> DraftTree:
         model_drafts = [d for d in drafts if isinstance(d, ModelDraft)]
-        assert len(model_drafts) == 1, f"Graft composes one draft-model draft, got {len(model_drafts)}"
         envelopes = [d for d in drafts if d.source == RETRIEVAL_SOURCE]
-        assert len(envelopes) <= 1, "Graft composes at most one retrieval envelope"
+        if len(model_drafts) != 1 or len(envelopes) > 1:
+            raise ValueError(
+                f"Graft composes one draft-model draft and at most one retrieval envelope, got {len(model_drafts)} "
+                f"and {len(envelopes)} (sources {[d.source for d in drafts]})"
+            )
         draft = model_drafts[0]
         return self.compose(draft, envelopes[0] if envelopes else None, budget, self.stage_of(draft))
 
@@ -260,9 +273,11 @@ class GraftComposer:
         """
         plan = self.planner.plan(budget)
         offers: list[Draft] = []
+        if self.config.retrieval is not None and envelope is None:
+            raise ValueError(f"{self.config.variant} needs the retrieval envelope (GraftRetrieval's draft)")
         if self.config.retrieval == "root":
-            assert envelope is not None, f"{self.config.variant} needs the retrieval envelope (GraftRetrieval)"
-            assert envelope.budget == budget, f"envelope filled for budget {envelope.budget}, composed at {budget}"
+            if envelope.budget != budget:
+                raise ValueError(f"the envelope was filled for budget {envelope.budget}, but the tree is composed at {budget}")
             if self.config.gated:
                 offers = [retrieval_part(envelope, plan.offered_scores)]
         if stage is None:
@@ -272,7 +287,6 @@ class GraftComposer:
             retrieved = retrieval_part(envelope, plan.stage_scores[stage])
             return merge_drafts([kept, retrieved], budget, offers=offers)
         if self.config.retrieval == "tail" and plan.k_ret[stage] > 0:
-            assert envelope is not None, "graft-tail fills its template from the sequence's matrix (GraftRetrieval)"
             tail = self.tail_part(kept, plan.stage_templates[stage], envelope.matrix)
             return merge_drafts([kept, tail] if tail is not None else [kept], budget)
         return merge_drafts([kept], budget)
@@ -303,8 +317,9 @@ class GraftComposer:
 
     @staticmethod
     def tail_part(kept: Draft, template: RankTemplate, matrix: SuccessorMatrix) -> Draft | None:
-        """``template`` filled from the last token of the best draft path, anchored under that
-        path (None when the draft is empty)."""
+        """``template`` filled from the last token of the best draft path (sampled drafts carry
+        no scores: the first child at each node), anchored under that path (None when the draft
+        is empty)."""
         path = best_path(kept.parents, kept.scores)
         if not path:
             return None

@@ -16,9 +16,11 @@ One proposal, for the root token ``r`` (the last committed token):
 3. **Rerank.** The ``budget`` best nodes by path score are kept, best-first, a node only after
    its parent (``S`` never increases along a path, so this is the plain top-``budget``).
 
-Token ids, parent rows and scores stay on the model's device while the layers are drafted
-(no host sync per layer); the tree comes to the host once per proposal, plus one scalar per
-confidence checkpoint (a gate decides on the host whether to run the next forward).
+Token ids, parent rows and scores stay on the model's device while the layers are drafted; the
+tree comes to the host once per proposal, plus one scalar per confidence checkpoint (a gate
+decides on the host whether to run the next forward) and, with sampled drafts, the number of
+distinct children per layer. The per-forward timers (``DraftState.forward_s``, which
+calibration reads) synchronise on CUDA.
 
 Worked example, ``top_k = 2``, ``depth = 2``, root ``r``: the root forward gives
 ``q(a) = 0.6, q(b) = 0.3`` -> layer 1 ``[a, b]`` with scores ``[log .6, log .3]``; one forward
@@ -82,6 +84,7 @@ from torch import nn
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.base import StatelessDrafter
 from specgraft.models.hf import HFTarget, synchronize
+from specgraft.tree.paths import best_first
 from specgraft.types import Draft, PrefillOutput, RowsOutput, StepResult, reindex
 from specgraft.verify.processing import target_probs
 
@@ -120,6 +123,8 @@ class DraftTreeConfig:
             raise ValueError(f"depth must be >= 1, got {self.depth}")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0 (an offset from the sampling seed), got {self.seed!r}")
         if list(self.checkpoints) != sorted(set(self.checkpoints)) or any(d < 0 for d in self.checkpoints):
             raise ValueError(f"checkpoints must be distinct increasing depths >= 0, got {self.checkpoints}")
         if self.checkpoints and self.checkpoints[-1] >= self.depth:
@@ -141,7 +146,7 @@ class DraftPreset:
     """Uncalibrated default ``tau_d`` (Graft Table 11, Qwen3-8B medians); ``specgraft calibrate`` replaces them."""
     budget: int
     """The verification budget this preset is meant for: a generation that gives no budget
-    verifies this many nodes per step (``methods_graft.preset_budget``)."""
+    verifies this many nodes per step (``methods.graft.preset_budget``)."""
 
 
 PRESETS: dict[str, DraftPreset] = {
@@ -168,26 +173,6 @@ class ModelDraft(Draft):
     """Nodes per depth before trimming to the budget (nodes are stored layer after layer)."""
     checkpoints: tuple[int, ...] = ()
     """The drafter's checkpoint depths (``stage`` indexes them)."""
-
-
-def best_first(parents: Sequence[int], scores: Sequence[float], n: int) -> list[int]:
-    """Indices of the ``n`` best nodes by score, admitting a node only after its parent (ascending).
-
-    >>> best_first([-1, -1, 0, 1], [-0.5, -1.2, -0.7, -1.3], 3)
-    [0, 1, 2]
-    """
-    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
-    for i, p in enumerate(parents):
-        children[p + 1].append(i)
-    heap = [(-scores[i], i) for i in children[0]]
-    heapq.heapify(heap)
-    kept: list[int] = []
-    while heap and len(kept) < n:
-        _, i = heapq.heappop(heap)
-        kept.append(i)
-        for c in children[i + 1]:
-            heapq.heappush(heap, (-scores[c], c))
-    return sorted(kept)
 
 
 def trim(draft: ModelDraft, n: int) -> ModelDraft:

@@ -1,7 +1,8 @@
 """Graft's retrieval source (source ``retrieval``): the root-centred envelope from a successor matrix.
 
 Token Recycling's matrix and updates (prefill rows, every verified node's top-k), proposing the
-whole root-centred envelope of the step's :class:`~specgraft.composers.graft.BudgetPlan`; the
+whole root-centred envelope of the step's :class:`~specgraft.composers.graft.BudgetPlan` (given
+through :class:`EnvelopePlan`, so drafters import no composer); the
 :class:`~specgraft.composers.graft.GraftComposer` takes the part the pruning stage needs and
 decides the verification rule from every part some stage would offer.
 
@@ -16,14 +17,25 @@ and ``template_nodes`` records which envelope node each kept node is::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Sequence
+from typing import ClassVar, Protocol, Sequence
 
 import numpy as np
 
-from specgraft.composers.graft import StagePlanner
 from specgraft.drafters.base import Learning
 from specgraft.drafters.recycling import RecyclingConfig, RecyclingDrafter, RecyclingState, SuccessorMatrix
+from specgraft.tree.templates import RankTemplate
 from specgraft.types import Draft, reindex
+
+
+class EnvelopePlan(Protocol):
+    """What retrieval needs of Graft's budget plan (``composers.graft.StagePlanner`` is one)."""
+
+    @property
+    def k(self) -> int:
+        """Successors per token the templates use."""
+
+    def envelope(self, budget: int) -> RankTemplate:
+        """The root-centred envelope template of ``budget``."""
 
 
 @dataclass
@@ -48,19 +60,19 @@ class GraftRetrieval(RecyclingDrafter):
     name: ClassVar[str] = "retrieval"
 
     def __init__(
-        self, vocab_size: int, planner: StagePlanner, matrix: SuccessorMatrix | None = None, learning: Learning = Learning.REQUEST
+        self, vocab_size: int, planner: EnvelopePlan, matrix: SuccessorMatrix | None = None, learning: Learning = Learning.REQUEST
     ):
-        super().__init__(vocab_size, RecyclingConfig(k=planner.config.k), matrix, learning)
+        super().__init__(vocab_size, RecyclingConfig(k=planner.k), matrix, learning)
         self.planner = planner
 
     def propose(self, state: RecyclingState, context: Sequence[int], budget: int) -> EnvelopeDraft:
-        plan = self.planner.plan(budget)
-        toks = state.matrix.fill(int(context[-1]), plan.envelope)
+        envelope = self.planner.envelope(budget)
+        toks = state.matrix.fill(int(context[-1]), envelope)
         keep = np.flatnonzero(toks >= 0).tolist()
         return EnvelopeDraft(
             source=self.name,
             tokens=toks[keep].tolist(),
-            parents=reindex(plan.envelope.parents, keep),
+            parents=reindex(envelope.parents, keep),
             template_nodes=keep,
             budget=budget,
             matrix=state.matrix,

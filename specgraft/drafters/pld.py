@@ -22,8 +22,8 @@ quoted passage beats an earlier repeat of a phrase), ``n`` the longest n-gram be
 The ``q`` start from the priors below and are learned online from every verify pass (counts per
 ``(n, first|later)``, ``prior_strength`` pseudo-observations of the prior), over all proposed
 nodes whose parent lay on the accepted path, verified or not (their outcome is known from the
-target's tokens). Nodes are admitted best-first by ``p``; those with ``p < min_prob`` are not
-proposed at all (a row of the verify pass costs 5-15% of a decode step on the 2-core CPU), so the
+target's tokens). At most ``budget`` nodes are proposed, best-first by ``p``; those with
+``p < min_prob`` are not proposed at all (a row of the verify pass costs 5-15% of a decode step on the 2-core CPU), so the
 ``budget`` is an upper bound: long copies run deep when they keep being right, weak matches cost
 one row or none. ``min_prob=0`` and flat priors give plain best-first PLD.
 
@@ -44,7 +44,8 @@ import numpy as np
 
 from specgraft.config import GenerationConfig
 from specgraft.drafters.base import Learning, StatelessDrafter
-from specgraft.types import Draft, PrefillOutput, StepResult
+from specgraft.tree.paths import best_first
+from specgraft.types import Draft, PrefillOutput, StepResult, reindex
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class PLDConfig:
         if self.max_extend < 0:
             raise ValueError(f"max_extend must be >= 0, got {self.max_extend}")
         if self.max_copy < 1 or self.max_matches < 1:
-            raise ValueError("max_copy and max_matches must be >= 1")
+            raise ValueError(f"max_copy and max_matches must be >= 1, got {self.max_copy} and {self.max_matches}")
         if not 0.0 <= self.min_prob < 1.0:
             raise ValueError(f"min_prob must lie in [0, 1), got {self.min_prob}")
         if not self.prior_first or len(self.prior_first) != len(self.prior_later):
@@ -253,6 +254,9 @@ class PLDDrafter(StatelessDrafter):
             probs.append(base * support[i] / continuing[p] * state.rates.rate(longest[i], depth[i]))
         # a child never beats its parent (p only shrinks), so dropping p < min_prob keeps a tree
         keep = [i for i in range(len(tokens)) if probs[i] >= cfg.min_prob]
+        if len(keep) > budget:
+            kept_probs = [probs[i] for i in keep]
+            keep = [keep[i] for i in best_first(reindex(parents, keep), kept_probs, budget)]
         draft = Draft(source=self.name, tokens=tokens, parents=parents, scores=probs).subset(keep)
         # every proposed node, kept or not: observe learns the copy rates from all of them
         shares = [support[i] / continuing[p] for i, p in enumerate(parents)]

@@ -78,6 +78,8 @@ class GraftOptions:
         from specgraft.drafters.draft_model import get_preset
 
         get_preset(self.preset)
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0 (an offset from the sampling seed), got {self.seed!r}")
         for name in ("depth", "top_k"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

@@ -165,10 +165,6 @@ class HFTarget:
         """Committed rows of ``slot``."""
         return self.cache.lengths[slot]
 
-    def pending(self, slot: int) -> int:
-        """Rows of ``slot`` fed since the last commit or discard."""
-        return self.cache.pending[slot]
-
     def reserve(self, rows: int) -> None:
         """Room for ``rows`` rows (committed + pending) in every slot."""
         self.cache.reserve(rows)
@@ -231,7 +227,7 @@ class HFTarget:
         ``parent_rows[i]`` (an earlier pending row, old or new; -1 = only the committed prefix).
 
         ``tokens`` and ``parent_rows`` may be device tensors (a draft model drafting on the GPU
-        never syncs for them). Returns the logits ``[n, V]`` of the new rows.
+        does not sync to build them). Returns the logits ``[n, V]`` of the new rows.
         """
         return self.forward_batch(range(slot, slot + 1), [tokens], [parent_rows], output_hidden)[0]
 
@@ -252,38 +248,35 @@ class HFTarget:
         Each slot's rows are padded to the longest; padding rows see only themselves, are
         written past the slot's pending rows and never become pending, so nothing ever sees
         them. The mask is ``[B, 1, n_max, kv_len]`` with each slot's own committed length.
+        Everything is checked and every mask built before any state changes, so an error
+        leaves every slot as it was.
+
+        Positions (``length + depth``) must stay inside the context window; rows may exceed
+        it (a draft model's layers feed several rows per depth). For parent rows given as host
+        lists the deepest position is checked here; a caller passing device tensors bounds
+        its depths itself (the draft-model drafter does), so no host sync is needed.
         """
         if len(tokens) != len(slots) or len(parent_rows) != len(slots):
             raise ValueError(f"{len(tokens)} token lists and {len(parent_rows)} parent lists for {len(slots)} slots")
         dev = self.device
+        for b, slot in enumerate(slots):
+            self._check_rows(slot, tokens[b], parent_rows[b])
         toks = [torch.as_tensor(t, dtype=torch.long).to(dev) for t in tokens]
         pars = [torch.as_tensor(p, dtype=torch.long).to(dev) for p in parent_rows]
         counts = [int(t.shape[0]) for t in toks]
-        for t, p in zip(toks, pars, strict=True):
-            if p.shape != t.shape:
-                raise ValueError(f"{int(t.shape[0])} tokens but {int(p.shape[0])} parent rows")
-        for tok_list in tokens:
-            if not isinstance(tok_list, torch.Tensor):
-                self._check_tokens(tok_list)
         n_max = max(counts)
         if n_max == 0:
             return [RowsOutput(torch.empty(0, self.vocab_size, device=dev)) for _ in slots]
-        for b, slot in enumerate(slots):
-            rows = self.length(slot) + self.cache.pending[slot] + counts[b]
-            if rows > self.max_positions:
-                raise ValueError(f"slot {slot}: {rows} rows exceed the context window of {self.max_positions}")
-        write = self.cache.set_write(slots, n_max)
+        kv_len = max(self.length(s) + self.cache.pending[s] for s in slots) + n_max
         min_value = torch.finfo(self.dtype).min
-        masks, positions, ids = [], [], []
+        masks, positions, ids, seen_sets = [], [], [], []
         for b, slot in enumerate(slots):
             length, pend, n = self.length(slot), self.cache.pending[slot], counts[b]
             # [n, pend + n] pending rows each new row sees
             seen = pending_ancestors(self._ancestors[slot], pars[b])
-            self._ancestors[slot] = torch.cat(
-                [torch.cat([self._ancestors[slot], seen.new_zeros(pend, n)], dim=1), seen], dim=0
-            )
+            seen_sets.append(seen)
             # [n_max, kv_len] additive mask: committed prefix, then the pending rows seen
-            mask = torch.full((n_max, write.kv_len), min_value, dtype=self.dtype, device=dev)
+            mask = torch.full((n_max, kv_len), min_value, dtype=self.dtype, device=dev)
             mask[:n, :length] = 0.0
             mask[:n, length : length + pend + n].masked_fill_(seen, 0.0)
             pad = torch.arange(n, n_max, device=dev)
@@ -292,6 +285,11 @@ class HFTarget:
             depth = depth_from_mask(seen)
             positions.append(torch.cat([length + depth, torch.full((n_max - n,), length, device=dev, dtype=torch.long)]))
             ids.append(torch.cat([toks[b], torch.zeros(n_max - n, dtype=torch.long, device=dev)]))
+        for b, slot in enumerate(slots):
+            pend, n = self.cache.pending[slot], counts[b]
+            old = self._ancestors[slot]
+            self._ancestors[slot] = torch.cat([torch.cat([old, seen_sets[b].new_zeros(pend, n)], dim=1), seen_sets[b]], dim=0)
+        self.cache.set_write(slots, n_max)
         try:
             hidden = self._decode(slots, torch.stack(ids), torch.stack(positions), torch.stack(masks)[:, None])
         finally:
@@ -301,10 +299,45 @@ class HFTarget:
             RowsOutput(logits=logits[b, :n], hidden=hidden[b, :n] if output_hidden else None) for b, n in enumerate(counts)
         ]
 
+    def _check_rows(self, slot: int, tokens: Sequence[int] | torch.Tensor, parent_rows: Sequence[int] | torch.Tensor) -> None:
+        """``ValueError`` for rows that cannot be fed: lengths, token ids, parent rows and the
+        deepest position (host lists only; see :meth:`forward_batch`)."""
+        if len(tokens) != len(parent_rows):
+            raise ValueError(f"{len(tokens)} tokens but {len(parent_rows)} parent rows")
+        if isinstance(tokens, torch.Tensor) or isinstance(parent_rows, torch.Tensor):
+            return
+        self._check_tokens(tokens)
+        pend, length = self.cache.pending[slot], self.length(slot)
+        depth: list[int] = []
+        for i, p in enumerate(parent_rows):
+            if not -1 <= p < pend + i:
+                raise ValueError(f"parent row {p} of new row {pend + i} is not an earlier pending row (nor -1)")
+            if p >= pend:
+                depth.append(depth[p - pend] + 1)
+            elif p >= 0:
+                depth.append(-1)  # under an old pending row: its depth is on the device
+            else:
+                depth.append(0)
+        if pend == 0 and depth and length + max(depth) >= self.max_positions:
+            raise ValueError(
+                f"slot {slot}: position {length + max(depth)} is past the context window of {self.max_positions} positions"
+            )
+
     def commit(self, slot: int, keep_rows: Sequence[int]) -> None:
         """Keep the pending rows ``keep_rows`` (a chain from the first: each row's parent is the one
-        before it, the first has none; row 0 = the first pending row), drop the rest."""
-        self.cache.commit(slot, keep_rows)
+        before it, the first has none; row 0 = the first pending row), drop the rest.
+
+        ``ValueError`` when the rows are not such a chain (one small host transfer of their
+        ancestor sets)."""
+        keep = list(keep_rows)
+        pend = self.cache.pending[slot]
+        if keep and all(0 <= r < pend for r in keep):
+            # [m, m] and [m]: each kept row sees exactly the kept rows up to itself
+            seen = self._ancestors[slot][keep]
+            chain = seen[:, keep].tolist() == torch.ones(len(keep), len(keep), dtype=torch.bool).tril_().tolist()
+            if not chain or seen.sum(dim=-1).tolist() != list(range(1, len(keep) + 1)):
+                raise ValueError(f"pending rows {keep} of slot {slot} are not a chain from the first pending row")
+        self.cache.commit(slot, keep)
         self._ancestors[slot] = self._empty_ancestors()
 
     def discard(self, slot: int) -> None:

@@ -55,13 +55,22 @@ def merge_drafts(drafts: Sequence[Draft], budget: int, offers: Sequence[Draft] =
     ``[5, 9]``: the lookup offers ``5`` under the root, so both root children get row -1
     and the root uses sample-and-match; ``9`` under ``5`` is offered by the lookup alone.
 
-    Probe nodes (``Draft.probe``) merge like any other node and cost budget like any other row,
-    but offer nothing (they are never accepted); a candidate that lands on an existing probe
-    turns it into a candidate (same row, same logits), and a probe that lands on a candidate
-    stays a candidate.
+    Probe nodes (``Draft.probe``) merge like any other node and cost budget like any other row;
+    a candidate that lands on an existing probe turns it into a candidate (same row, same
+    logits), and a probe that lands on a candidate stays a candidate. For the rule a probe
+    counts as a deterministic offer: a sampled child landing on an earlier probe would take the
+    probe's place among its siblings, out of draw order, so such a parent uses sample-and-match
+    whatever is drawn. A draft with sampled nodes must not carry ``scores`` (``ValueError``):
+    admitting sampled siblings by score would select them by their values.
     """
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
+    for draft in drafts:
+        if draft.scores is not None and draft.prob_rows is not None and any(r >= 0 for r in draft.prob_rows):
+            raise ValueError(
+                f"draft {draft.source!r} has sampled nodes and scores: a merge would admit sampled children by "
+                "score, which rejection sampling forbids (leave scores out of sampled drafts)"
+            )
     paths = _PathIds()
     # parent path id -> identities of the drafts offering candidates under it: the draft's
     # index when it carries draft_probs, DETERMINISTIC otherwise
@@ -74,9 +83,10 @@ def merge_drafts(drafts: Sequence[Draft], budget: int, offers: Sequence[Draft] =
         for j, (tok, p) in enumerate(zip(draft.tokens, draft.parents, strict=True)):
             parent = anchor if p < 0 else ids[p]
             ids.append(paths.child(parent, tok))
-            if not draft.is_probe(j):
-                sampled = draft.prob_rows is not None and draft.prob_rows[j] >= 0
-                offered_under.setdefault(parent, set()).add(d if sampled else _DETERMINISTIC)
+            # a probe counts as a deterministic offer: a sampled child that lands on it would
+            # take its earlier place among the siblings, out of draw order
+            sampled = not draft.is_probe(j) and draft.prob_rows is not None and draft.prob_rows[j] >= 0
+            offered_under.setdefault(parent, set()).add(d if sampled else _DETERMINISTIC)
         node_paths.append(ids)
 
     tokens: list[int] = []
@@ -113,6 +123,9 @@ def merge_drafts(drafts: Sequence[Draft], budget: int, offers: Sequence[Draft] =
             p = draft.parents[j]
             tree_parent = anchor_node if p < 0 else mapped[p]
             k = (tree_parent, draft.tokens[j])
+            parent_path = node_paths[d][p] if p >= 0 else paths.walk(draft.anchor)
+            row = draft.prob_rows[j] if draft.prob_rows is not None else -1
+            rejection_here = row >= 0 and offered_under.get(parent_path) == {d}
             if k in index:
                 mapped[j] = index[k]
                 if not draft.is_probe(j):
@@ -124,9 +137,6 @@ def merge_drafts(drafts: Sequence[Draft], budget: int, offers: Sequence[Draft] =
                 parents.append(tree_parent)
                 sources.append(draft.source)
                 scores.append(draft.scores[j] if draft.scores is not None else float("nan"))
-                parent_path = node_paths[d][p] if p >= 0 else paths.walk(draft.anchor)
-                row = draft.prob_rows[j] if draft.prob_rows is not None else -1
-                rejection_here = row >= 0 and offered_under.get(parent_path) == {d}
                 prob_rows.append(offsets[d] + row if rejection_here else -1)
                 probe.append(draft.is_probe(j))
             else:

@@ -32,12 +32,8 @@ import torch
 class TreeLayout:
     # [N + 1, N + 1] bool: row r may attend to column c (its ancestors and itself; root = row 0)
     ancestor_mask: torch.Tensor
-    # [N + 1] long: distance from the root, 0 for the root
+    # [N + 1] long: distance from the root, 0 for the root (a row's position is length + depth)
     depth: torch.Tensor
-
-    def position_ids(self, past_len: int) -> torch.Tensor:
-        """[N + 1] absolute positions: the root sits at ``past_len``, a node at ``past_len + depth``."""
-        return self.depth + past_len
 
 
 def tree_layout(parents: Sequence[int]) -> TreeLayout:
@@ -84,8 +80,8 @@ def pending_ancestors(old: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     rel[:p, :p] = old.float()
     new = torch.arange(p, total, device=old.device)
     rel[new, new] = 1.0
-    has = parents >= 0
-    rel[new[has], parents[has]] = 1.0
+    # a row without a parent links to itself again (no boolean-mask indexing: that would sync)
+    rel[new, torch.where(parents >= 0, parents, new)] = 1.0
     for _ in range(math.ceil(math.log2(n)) + 1 if n > 1 else 1):
         rel[p:] = ((rel[p:] @ rel) > 0).float()
     return rel[p:] > 0

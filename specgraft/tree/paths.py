@@ -1,7 +1,8 @@
-"""Token paths and best paths of trees given as ``parents`` lists (``-1`` = child of the root)."""
+"""Token paths, best paths and best-first subsets of trees given as ``parents`` lists (``-1`` = child of the root)."""
 
 from __future__ import annotations
 
+import heapq
 from typing import Sequence
 
 
@@ -34,3 +35,23 @@ def best_path(parents: Sequence[int], scores: Sequence[float] | None) -> list[in
         node = max(kids, key=lambda c: (scores[c], -c)) if scores is not None else kids[0]
         path.append(node)
     return path
+
+
+def best_first(parents: Sequence[int], scores: Sequence[float], n: int) -> list[int]:
+    """Indices of the ``n`` best nodes by score, admitting a node only after its parent (ascending).
+
+    >>> best_first([-1, -1, 0, 1], [-0.5, -1.2, -0.7, -1.3], 3)
+    [0, 1, 2]
+    """
+    children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents):
+        children[p + 1].append(i)
+    heap = [(-scores[i], i) for i in children[0]]
+    heapq.heapify(heap)
+    kept: list[int] = []
+    while heap and len(kept) < n:
+        _, i = heapq.heappop(heap)
+        kept.append(i)
+        for c in children[i + 1]:
+            heapq.heappush(heap, (-scores[c], c))
+    return sorted(kept)

@@ -101,7 +101,8 @@ def sample_token(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     so two code paths that make the same calls on the same rows stay in lockstep.
     Example: ``sample_token(torch.tensor([0.0, 1.0, 0.0]), g) == 1``.
     """
-    assert probs.dim() == 1, f"sample_token takes one row [V], got shape {tuple(probs.shape)}"
+    if probs.dim() != 1:
+        raise ValueError(f"sample_token takes one row [V], got shape {tuple(probs.shape)}")
     if generator is not None and probs.device != generator.device:
         probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator))
