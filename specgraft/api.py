@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedT
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.detokenize import IncrementalDetokenizer
 from specgraft.engine import SpecEngine
-from specgraft.methods import MethodOptions, get_method, preset_budget
+from specgraft.methods import GRAFT_METHODS, MethodOptions, get_method, method_budget
 from specgraft.methods.graft import check_calibration_budget
 from specgraft.models.hf import HFTarget, load_causal_lm, parse_dtype, resolve_device
 from specgraft.models.loading import load_draft_model
@@ -97,8 +97,13 @@ class SpecDecoder:
             graft = options.graft
             draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, self.target.device, progress, tokenizer)
         self.draft_model = draft_model
-        # draft-model methods verify their preset's budget (cpu 8, gpu 60) unless told otherwise
-        self.default_budget = preset_budget(options.graft) if self.spec.needs_draft_model else self.spec.default_budget
+        if options.datastores and tokenizer is not None and method.startswith("reader"):
+            from specgraft.methods.reader import load_method_datastores
+
+            # refuses a datastore built with another tokenizer (the build only sees the vocabulary size)
+            load_method_datastores(options.datastores, self.target.vocab_size, tokenizer)
+        # draft-model methods verify their preset's budget (cpu 8, gpu 60), READER its tree shape's
+        self.default_budget = method_budget(method, options)
         drafters, composer = self.spec.build(self.target, options, draft_model)
         self.engine = SpecEngine(
             self.target, drafters, composer, method=method, eos_token_ids=eos_ids(tokenizer, model),
@@ -270,7 +275,7 @@ class SpecDecoder:
         gated Graft variant would apply calibrated thresholds at another budget than they were
         fitted at."""
         resolved = config.with_default_budget(self.default_budget)
-        if self.spec.needs_draft_model:
+        if self.method in GRAFT_METHODS:
             check_calibration_budget(self.method, self.options.graft, resolved.budget)
         return resolved
 

@@ -84,6 +84,11 @@ class SpecEngine:
         # used when a GenerationConfig leaves the budget to the method (budget=None)
         self.default_budget = default_budget
         self.needs_hidden = any(d.needs_hidden for d in self.drafters)
+        layers = {getattr(d, "hidden_layer", None) for d in self.drafters if d.needs_hidden}
+        if len(layers) > 1:
+            raise ValueError(f"drafters {[d.name for d in self.drafters]} need hidden states of different layers {sorted(layers, key=str)}")
+        # the layer whose hidden states StepResult.hidden carries (None: the final layer's)
+        self.hidden_layer = layers.pop() if layers else None
         self.last_stats = GenerationStats(method=self.method)
 
     def _now(self) -> float:
@@ -152,7 +157,9 @@ class SpecEngine:
         t0 = self._now()
         tree = self.propose(seq, min(config.budget, room), max_depth=min(remaining - 1, room))
         t1 = self._now()
-        out = self.target.forward_tree(seq.slot, seq.context[-1], tree, output_hidden=self.needs_hidden)
+        out = self.target.forward_tree(
+            seq.slot, seq.context[-1], tree, output_hidden=self.needs_hidden, hidden_layer=self.hidden_layer
+        )
         t2 = self._now()
         result = verify(tree, out.logits, config.sampling, seq.generator)
         t3 = self._now()

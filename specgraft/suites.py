@@ -31,6 +31,8 @@ SUITES: dict[str, str] = {
     "humaneval": "humaneval.jsonl",
     "mt-bench": "mt_bench.jsonl",
     "eagle": "eagle_eval.jsonl",
+    # bug-fix prompts built from HumanEval by benchmarks/make_code_edit.py; chat-templated
+    "code-edit": "code_edit.jsonl",
 }
 
 # tasks whose prompts are completed as raw text, never through the chat template

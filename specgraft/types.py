@@ -193,14 +193,26 @@ class PrefillRequest:
     topk: int = 0
     """Successor ids per prompt position (Token Recycling fills its matrix from them)."""
     hidden: bool = False
-    """Final-layer hidden states per prompt position."""
+    """Hidden states per prompt position (of layer ``hidden_layer``)."""
+    topk_probs: bool = False
+    """Also the target's probabilities of those successors (AdaPLD's branch tokens)."""
+    hidden_layer: int | None = None
+    """Which hidden states: ``None`` = the final layer's, after the final norm; ``l`` in
+    ``1 .. num_layers - 1`` = the output of decoder layer ``l`` (AdaPLD reranks at one layer)."""
 
     def union(self, other: "PrefillRequest") -> "PrefillRequest":
         """
         >>> PrefillRequest(topk=8).union(PrefillRequest(hidden=True))
-        PrefillRequest(topk=8, hidden=True)
+        PrefillRequest(topk=8, hidden=True, topk_probs=False, hidden_layer=None)
         """
-        return PrefillRequest(max(self.topk, other.topk), self.hidden or other.hidden)
+        if self.hidden and other.hidden and self.hidden_layer != other.hidden_layer:
+            raise ValueError(f"drafters ask for hidden states of two layers ({self.hidden_layer} and {other.hidden_layer})")
+        return PrefillRequest(
+            max(self.topk, other.topk),
+            self.hidden or other.hidden,
+            self.topk_probs or other.topk_probs,
+            self.hidden_layer if self.hidden else other.hidden_layer,
+        )
 
 
 @dataclass
@@ -209,8 +221,10 @@ class PrefillOutput:
 
     # [T, topk] successor ids of every prefilled token, or None
     topk: torch.Tensor | None = None
-    # [T, H] final-layer hidden states (after the final norm), or None
+    # [T, H] hidden states (of the requested layer), or None
     hidden: torch.Tensor | None = None
+    # [T, topk] float32 target probabilities of those successors, or None
+    topk_probs: torch.Tensor | None = None
 
 
 @dataclass
@@ -219,7 +233,8 @@ class RowsOutput:
 
     # [n, V] float32
     logits: torch.Tensor
-    # [n, H] or None: final-layer hidden states (after the final norm), when asked for
+    # [n, H] or None: hidden states when asked for (the final layer's after the final norm, or
+    # decoder layer ``hidden_layer``'s output)
     hidden: torch.Tensor | None = None
 
 
@@ -247,7 +262,8 @@ class StepResult:
     logits: torch.Tensor
     # committed tokens after this step, prompt included (the engine's live list: read only)
     context: list[int]
-    # [N + 1, H] or None: target hidden states, for drafters with needs_hidden
+    # [N + 1, H] or None: target hidden states (of the drafters' ``hidden_layer``), for drafters
+    # with needs_hidden
     hidden: torch.Tensor | None = None
 
     @property

@@ -50,7 +50,7 @@ class TableLM:
         self._committed[slot] += [int(t) for t in tokens]
         return PrefillOutput()
 
-    def forward_rows(self, slot: int, tokens, parent_rows, output_hidden: bool = False) -> RowsOutput:
+    def forward_rows(self, slot: int, tokens, parent_rows, output_hidden: bool = False, hidden_layer=None) -> RowsOutput:
         self.forwards += 1
         pending = self._pending[slot]
         new = []

@@ -202,7 +202,7 @@ def test_custom_jsonl_and_bad_input(tmp_path):
 @pytest.mark.parametrize(
     "kw, message",
     [
-        (dict(methods="ar,nope"), "unknown method 'nope'; choose from ar, "),
+        (dict(methods="ar,nope"), "unknown method 'nope'; choose from adapld, adapld-full, "),
         (dict(methods="hf-assisted"), "hf-assisted needs --draft-model"),
         (dict(suite="humaneval:0"), "prompts per task must be >= 1"),
         (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),

@@ -43,7 +43,7 @@ from specgraft.bench.environment import environment
 from specgraft.bench.peers import PEERS, HFPeer
 from specgraft.bench.records import AR_END, RESULTS_FILE, ResultRow, append_row, read_rows
 from specgraft.bench.repetition import self_repetition
-from specgraft.methods import LEARNING, METHODS, GraftOptions, MethodOptions, method_names, preset_budget, with_sampled_drafts
+from specgraft.methods import GRAFT_METHODS, LEARNING, METHODS, GraftOptions, MethodOptions, method_budget, method_names, with_sampled_drafts
 from specgraft.methods.graft import check_calibration_budget
 from specgraft.models.loading import load_draft_model
 
@@ -69,7 +69,7 @@ class BenchConfig:
     ``draft-tree``, the Graft variants and ``hf-assisted``, only when one is given).
     ``ar`` always runs (it is the baseline), and ``hf`` whenever a peer runs (the peers' baseline)."""
     suite: str = "spec-bench"
-    """Comma list of ``spec-bench``, ``humaneval``, ``mt-bench``, ``eagle`` or JSONL paths, each
+    """Comma list of ``spec-bench``, ``humaneval``, ``mt-bench``, ``eagle``, ``code-edit`` or JSONL paths, each
     optionally ``:N`` for its own prompts per task, e.g. ``spec-bench:3,humaneval:6``."""
     draft_model: str | None = None
     """Draft model (same tokenizer as the target), loaded once for ``hf-assisted``, ``draft-tree``
@@ -114,6 +114,10 @@ class BenchConfig:
     matrix), so a row does not depend on which inputs ran before it, in this session or an
     earlier one; ``shared``: what one input teaches the drafters carries over to the next
     (``MethodOptions.learning``)."""
+    datastores: tuple[str, ...] = ()
+    """Datastore directories the reader methods search (``MethodOptions.datastores``)."""
+    reader_shape: str | None = None
+    """READER's tree shape from ``specgraft tune`` (default: ``ReaderConfig``'s)."""
     bracket: bool = True
     """Run ``ar`` again after the other methods on every input (rows named ``ar-end``); speedups
     then use the mean of the two ``ar`` times, which cancels a slow drift of the machine's speed
@@ -131,6 +135,7 @@ class BenchConfig:
             ours = [m for m in method_names() if self.draft_model or not METHODS[m].needs_draft_model]
             methods = [*ours, *(p for p in PEERS if p != "hf-assisted" or self.draft_model)]
         object.__setattr__(self, "methods", tuple(methods))
+        object.__setattr__(self, "datastores", tuple(str(p) for p in self.datastores))
         if not self.model:
             raise ValueError("no model given")
         if not self.out:
@@ -166,7 +171,7 @@ class BenchConfig:
         if self.recycling_state is not None and not Path(self.recycling_state).is_file():
             raise ValueError(f"recycling state {self.recycling_state!r} does not exist")
         for method, budget in self.budgets.items():
-            if METHODS[method].needs_draft_model:
+            if method in GRAFT_METHODS:
                 check_calibration_budget(method, self.method_options().graft, budget)
 
     @property
@@ -201,26 +206,29 @@ class BenchConfig:
         >>> BenchConfig(model="m", out="o", methods="pld").budgets
         {'ar': 1, 'pld': 16}
         """
-        from_preset = preset_budget(self.method_options().graft)
-
-        def default(m: str) -> int:
-            return from_preset if METHODS[m].needs_draft_model else METHODS[m].default_budget
-
-        return {m: self.budget if self.budget is not None else default(m) for m in self.run_methods if m in METHODS}
+        options = self.method_options()
+        return {m: self.budget if self.budget is not None else method_budget(m, options) for m in self.run_methods if m in METHODS}
 
     def method_options(self) -> MethodOptions:
         """The options every registry method is built with."""
         graft = GraftOptions(draft_model=self.draft_model, draft_dtype=self.dtype, preset=self.preset, calibration=self.calibration)
         if self.sample_drafts:
             graft = with_sampled_drafts(graft, self.temperature)
-        return MethodOptions(recycling_state=self.recycling_state, graft=graft, learning=self.learning)
+        from specgraft.cli.generate import reader_config
+
+        reader = reader_config(self.reader_shape, self.model, self.draft_model, self.preset)
+        return MethodOptions(
+            recycling_state=self.recycling_state, graft=graft, learning=self.learning, datastores=tuple(self.datastores), reader=reader
+        )
 
     def comparable(self) -> dict[str, Any]:
         """Fields that must be equal for rows from two sessions to be reported together
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
-                "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning")
-        return {k: getattr(self, k) for k in keep}
+                "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape")
+        out = {k: getattr(self, k) for k in keep}
+        out["datastores"] = list(self.datastores)  # as run.json stores it
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -257,6 +265,10 @@ class BenchConfig:
             parts += ["--device", self.device]
         if self.learning != "request":
             parts += ["--learning", self.learning]
+        for path in self.datastores:
+            parts += ["--datastore", path]
+        if self.reader_shape:
+            parts += ["--reader-shape", self.reader_shape]
         if not self.bracket:
             parts += ["--no-bracket"]
         parts += ["--out", self.out]
@@ -385,7 +397,7 @@ def _session_id() -> str:
 
 # Config fields added after runs were first recorded: their value in a run.json that predates them.
 #: Runs made before ``learning`` existed kept every drafter's state across the session's inputs.
-_RECORDED_SINCE = {"preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared"}
+_RECORDED_SINCE = {"preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None}
 
 
 def _check_resume(out: Path, cfg: BenchConfig) -> None:

@@ -24,7 +24,7 @@ def bench(
     ),
     suite: str = typer.Option(
         "spec-bench", "--suite",
-        help="spec-bench, humaneval, mt-bench, eagle or a JSONL path (id, task, turns); a comma list, "
+        help="spec-bench, humaneval, mt-bench, eagle, code-edit or a JSONL path (id, task, turns); a comma list, "
         "each optionally NAME:N for its own prompts per task, e.g. spec-bench:3,humaneval:6.",
     ),
     per_task: Optional[int] = typer.Option(None, "--per-task", help="First N prompts of each task, in file order."),
@@ -54,6 +54,10 @@ def bench(
         help="request: every input starts from the shared drafter state (priors, --recycling-state); shared: what each "
         "input learns carries over to the next (the result then depends on prompt order).",
     ),
+    datastore: Optional[list[str]] = typer.Option(
+        None, "--datastore", help="Datastore directory for the reader methods (repeat or comma list; recorded)."
+    ),
+    reader_shape: Optional[str] = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune` (recorded)."),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md, plots/."),
     resume: bool = typer.Option(False, "--resume", help="Continue a run in --out, skipping finished rows."),
     bracket: bool = typer.Option(
@@ -72,12 +76,14 @@ def bench(
 ) -> None:
     """Benchmark methods against plain decoding and Hugging Face generate on real prompt sets."""
     from specgraft.bench.runner import BenchConfig, run_benchmark
+    from specgraft.cli.generate import split_paths
 
     config = BenchConfig(
         model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, per_task=per_task,
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
         threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
-        preset=preset, sample_drafts=sample_drafts, device=device, learning=learning,
+        preset=preset, sample_drafts=sample_drafts, device=device, learning=learning, datastores=split_paths(datastore),
+        reader_shape=reader_shape,
     )
     report = run_benchmark(config)
     typer.echo(report.read_text())

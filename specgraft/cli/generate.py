@@ -175,6 +175,10 @@ def generate(
     threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice)."),
     device: str = typer.Option("auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; the draft model's too."),
     learning: str = typer.Option("request", help="request (default) or shared: see `specgraft.drafters.base.Learning`."),
+    datastore: Optional[list[str]] = typer.Option(
+        None, "--datastore", help="Datastore directory for reader (repeat or comma list; `specgraft datastore build`)."
+    ),
+    reader_shape: Optional[str] = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune`."),
 ) -> None:
     """Generate text with a speculative method, streaming it."""
     graft = GraftOptions(
@@ -185,8 +189,33 @@ def generate(
     run_generate(
         prompt, model, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         dtype=dtype, budget=budget, chat=chat, compare=compare, as_json=as_json, stop=stop,
-        options=MethodOptions(recycling_state=recycling_state, graft=graft, learning=learning), threads=threads, device=device,
+        options=MethodOptions(
+            recycling_state=recycling_state, graft=graft, learning=learning, datastores=split_paths(datastore),
+            reader=reader_config(reader_shape, model, draft_model, preset),
+        ),
+        threads=threads, device=device,
     )
+
+
+def reader_config(path: Optional[str], model: str, draft_model: Optional[str], preset: str):
+    """READER's tree shape: the ``specgraft tune`` file at ``path`` (checked against the target,
+    draft model and preset), else the defaults."""
+    from specgraft.drafters.reader_retrieval import ReaderConfig
+
+    if path is None:
+        return ReaderConfig()
+    from specgraft.calibration.reader_shape import load_shape
+
+    return ReaderConfig(**load_shape(path, {"model": model, "draft_model": draft_model, "preset": preset}))
+
+
+def split_paths(values: Optional[list[str]]) -> tuple[str, ...]:
+    """``--datastore a --datastore b,c`` -> ``("a", "b", "c")``.
+
+    >>> split_paths(["a", "b,c"]), split_paths(None)
+    (('a', 'b', 'c'), ())
+    """
+    return tuple(p for v in values or () for p in v.split(",") if p)
 
 
 def demo(

@@ -13,6 +13,7 @@ from specgraft.methods.registry import (
     MethodSpec,
     build_method,
     get_method,
+    method_budget,
     method_names,
 )
 
@@ -26,6 +27,7 @@ __all__ = [
     "MethodSpec",
     "build_method",
     "get_method",
+    "method_budget",
     "method_names",
     "preset_budget",
     "with_sampled_drafts",

@@ -1,9 +1,10 @@
-"""Methods that need no draft model: ``ar``, ``pld``, ``recycling``, ``ptd`` (build functions of
+"""Methods that need no draft model: ``ar``, ``pld``, ``recycling``, ``ptd``, ``adapld`` (build functions of
 the registry, ``methods/registry.py``). Drafters are imported when a method is built, so that
 the CLI's start-up imports no torch."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,3 +45,25 @@ def build_ptd(target: TargetModel, opts: MethodOptions, draft_model: Any = None)
     from specgraft.drafters.ptd import PTDDrafter
 
     return [PTDDrafter(opts.ptd)], MergeComposer()
+
+
+#: AdaPLD and its ablations (AdaPLD paper Table 4; PLD+ = reranked lexical anchors, main copy only):
+#: name -> (summary, fields of ``AdaPLDConfig`` to change).
+ADAPLD_METHODS: dict[str, tuple[str, dict[str, Any]]] = {
+    "adapld": ("AdaPLD: lexical-first anchors with semantic fallback, hidden-state reranking, copy + branches + successors", {}),
+    "adapld-full": ("AdaPLD verifying the paper's whole tree (no estimated-acceptance pruning)", {"min_prob": 0.0}),
+    "adapld-rerank-only": ("PLD+: hidden-state reranking of lexical anchors, main copy only (AdaPLD ablation)",
+                           {"fallback": False, "branches": False, "successors": False}),
+    "adapld-no-fallback": ("AdaPLD without the semantic fallback (lexical anchors only)", {"fallback": False}),
+    "adapld-no-branches": ("AdaPLD without branch and successor drafting", {"branches": False, "successors": False}),
+    "adapld-no-successor": ("AdaPLD without successor drafting", {"successors": False}),
+}
+
+
+def build_adapld(variant: str, target: TargetModel, opts: MethodOptions, draft_model: Any = None) -> tuple[list[Drafter], Composer]:
+    from specgraft.composers.base import MergeComposer
+    from specgraft.drafters import adapld
+    from specgraft.drafters.base import Learning
+
+    config = replace(opts.adapld, **ADAPLD_METHODS[variant][1])
+    return [adapld.build_adapld(target, config, Learning(opts.learning))], MergeComposer()

@@ -3,8 +3,10 @@
 Adding a method means adding an entry here (its build function, its default budget) and its
 drafter/composer modules, never editing the engine.
 
->>> method_names()
-['ar', 'draft-tree', 'graft', 'graft-fixed', 'graft-prune', 'graft-root', 'graft-tail', 'pld', 'ptd', 'recycling']
+>>> method_names()  # doctest: +NORMALIZE_WHITESPACE
+['adapld', 'adapld-full', 'adapld-no-branches', 'adapld-no-fallback', 'adapld-no-successor', 'adapld-rerank-only',
+ 'ar', 'draft-tree', 'graft', 'graft-fixed', 'graft-prune', 'graft-root', 'graft-tail', 'pld', 'ptd', 'reader', 'reader-trie',
+ 'reader-widen', 'recycling']
 >>> METHODS["graft"].default_budget, METHODS["graft"].needs_draft_model
 (8, True)
 
@@ -19,15 +21,18 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import specgraft.methods.model_free as model_free
-from specgraft.methods.graft import GRAFT_METHODS, GraftOptions, build_from_method_options, check_graft_options
+from specgraft.methods.graft import GRAFT_METHODS, GraftOptions, build_from_method_options, check_graft_options, require_draft_model
+from specgraft.methods.reader import READER_METHODS, build_reader, reads_datastores
 
 if TYPE_CHECKING:
     from torch import nn
 
     from specgraft.composers.base import Composer
     from specgraft.drafters.base import Drafter
+    from specgraft.drafters.adapld import AdaPLDConfig
     from specgraft.drafters.pld import PLDConfig
     from specgraft.drafters.ptd import PTDConfig
+    from specgraft.drafters.reader_retrieval import ReaderConfig
     from specgraft.drafters.recycling import RecyclingConfig
     from specgraft.models.base import TargetModel
 
@@ -59,6 +64,19 @@ DEFAULT_BUDGETS: dict[str, int] = {
     "graft-root": 8,
     "graft-tail": 8,
     "graft": 8,
+    # AdaPLD proposes only nodes with estimated acceptance >= 0.1, like pld: the budget is a cap
+    "adapld": 16,
+    "adapld-rerank-only": 16,
+    "adapld-no-fallback": 16,
+    "adapld-no-branches": 16,
+    "adapld-no-successor": 16,
+    # the paper's whole tree: a 30-token copy, 8 branches, 8 successors
+    "adapld-full": 46,
+    # READER's B_tokens: the cpu preset's 8 draft nodes + a 6-token widening + a 2-token deepening
+    # path (ReaderConfig; retrieved rows are cheap to draft but cost verify rows like any other)
+    "reader": 16,
+    "reader-widen": 14,
+    "reader-trie": 16,
 }
 
 #: ``MethodOptions.learning`` values (``drafters.base.Learning``; no torch import here).
@@ -69,6 +87,18 @@ def _pld_config() -> PLDConfig:
     from specgraft.drafters.pld import PLDConfig
 
     return PLDConfig()
+
+
+def _adapld_config() -> AdaPLDConfig:
+    from specgraft.drafters.adapld import AdaPLDConfig
+
+    return AdaPLDConfig()
+
+
+def _reader_config() -> ReaderConfig:
+    from specgraft.drafters.reader_retrieval import ReaderConfig
+
+    return ReaderConfig()
 
 
 def _ptd_config() -> PTDConfig:
@@ -94,8 +124,16 @@ class MethodOptions:
     """``.npz`` successor matrix to start from (``specgraft warmup`` writes one)."""
     ptd: PTDConfig = field(default_factory=_ptd_config)
     """Width and depth limits, budget share and seed of PTD's perturbation draft tree."""
+    adapld: AdaPLDConfig = field(default_factory=_adapld_config)
+    """AdaPLD's copy length, branch width, semantic threshold and reranking layer (its variants
+    switch components off, ``methods/model_free.py``)."""
     graft: GraftOptions = field(default_factory=GraftOptions)
-    """Draft model, preset and calibration of ``draft-tree`` and the Graft variants."""
+    """Draft model, preset and calibration of ``draft-tree``, the Graft variants and READER."""
+    reader: ReaderConfig = field(default_factory=_reader_config)
+    """READER's tree shape: draft nodes, widening and deepening depths, search key length."""
+    datastores: tuple[str, ...] = ()
+    """Datastore directories (``specgraft datastore build``) that READER searches besides the
+    trie of the sequence's own context; shared and read-only."""
     learning: str = "request"
     """What a request learns (PLD's copy rates, the successor matrix of ``recycling`` and the
     Graft variants) is dropped at its end (``request``: every request starts from the shared
@@ -103,6 +141,7 @@ class MethodOptions:
     (``shared``: opt-in, for one party's workload); see ``drafters/base.py``."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "datastores", tuple(str(p) for p in self.datastores))
         if self.learning not in LEARNING:
             raise ValueError(f"learning must be one of {', '.join(LEARNING)}, got {self.learning!r}")
 
@@ -126,7 +165,14 @@ class MethodSpec:
 
     def check(self, options: MethodOptions, draft_model: nn.Module | None = None) -> None:
         """``ValueError`` for what ``options`` lack before any model is loaded (e.g. a draft model)."""
-        if self.needs_draft_model:
+        if self.name in READER_METHODS:
+            require_draft_model(self.name, options.graft, draft_model)
+            if reads_datastores(self.name):
+                from specgraft.retrieval.datastore import read_manifest
+
+                for path in options.datastores:
+                    read_manifest(path)  # ValueError naming a missing or broken datastore
+        elif self.needs_draft_model:
             check_graft_options(self.name, options.graft, draft_model)
 
 
@@ -147,10 +193,12 @@ METHODS: dict[str, MethodSpec] = {
             "ptd", "Progressive Tree Drafting: the target drafts for itself from a perturbation tree fed in the same pass",
             model_free.build_ptd,
         ),
+        *(_spec(name, summary, partial(model_free.build_adapld, name)) for name, (summary, _) in model_free.ADAPLD_METHODS.items()),
         *(
             _spec(name, summary, partial(build_from_method_options, name), needs_draft_model=True)
             for name, summary in GRAFT_METHODS.items()
         ),
+        *(_spec(name, summary, partial(build_reader, name), needs_draft_model=True) for name, (summary, _, _) in READER_METHODS.items()),
     )
 }
 assert set(METHODS) == set(DEFAULT_BUDGETS), f"default budgets for {sorted(DEFAULT_BUDGETS)}, methods {sorted(METHODS)}"
@@ -160,6 +208,25 @@ def get_method(name: str) -> MethodSpec:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}")
     return METHODS[name]
+
+
+def method_budget(name: str, options: MethodOptions) -> int:
+    """Nodes verified per step when a generation gives no budget: READER's tree shape
+    (``options.reader.budget``), a Graft variant's preset budget, else ``DEFAULT_BUDGETS``.
+
+    >>> method_budget("graft", MethodOptions()), method_budget("reader", MethodOptions()), method_budget("pld", MethodOptions())
+    (8, 16, 16)
+    """
+    spec = get_method(name)
+    if name in READER_METHODS:
+        from dataclasses import replace
+
+        return replace(options.reader, **READER_METHODS[name][1]).budget
+    if spec.needs_draft_model:
+        from specgraft.methods.graft import preset_budget
+
+        return preset_budget(options.graft)
+    return spec.default_budget
 
 
 def method_names() -> Sequence[str]:

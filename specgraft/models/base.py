@@ -35,11 +35,18 @@ class TargetModel(Protocol):
         """Commit ``tokens`` to ``slot`` (causal attention); return what ``request`` asks for."""
 
     def forward_rows(
-        self, slot: int, tokens: Sequence[int] | torch.Tensor, parent_rows: Sequence[int] | torch.Tensor, output_hidden: bool = False
+        self,
+        slot: int,
+        tokens: Sequence[int] | torch.Tensor,
+        parent_rows: Sequence[int] | torch.Tensor,
+        output_hidden: bool = False,
+        hidden_layer: int | None = None,
     ) -> RowsOutput:
         """Feed pending rows, each the child of an earlier pending row (-1: of the committed prefix)."""
 
-    def forward_tree(self, slot: int, root: int, tree: DraftTree, output_hidden: bool = False) -> RowsOutput:
+    def forward_tree(
+        self, slot: int, root: int, tree: DraftTree, output_hidden: bool = False, hidden_layer: int | None = None
+    ) -> RowsOutput:
         """Score the root (row 0) and every tree node (row ``i + 1``) in one pass."""
 
     def commit(self, slot: int, keep_rows: Sequence[int]) -> None:

@@ -177,24 +177,45 @@ class HFTarget:
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def _decode(self, slots: range, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """One decoder forward over ``slots`` (the cache's write set up): ``[B, n, H]`` hidden states."""
-        out = self.decoder(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache, use_cache=True)
-        return out.last_hidden_state
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    def input_embeddings(self) -> torch.Tensor:
+        """``[V, H]`` the input token embeddings (AdaPLD's semantic fallback compares them)."""
+        return self.model.get_input_embeddings().weight
+
+    def _check_layer(self, layer: int | None) -> None:
+        if layer is not None and not 1 <= layer < self.num_layers:
+            raise ValueError(f"hidden layer {layer} is not in 1 .. {self.num_layers - 1} (None = the final layer) for {self.name!r}")
+
+    def _decode(
+        self, slots: range, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, layer: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder forward over ``slots`` (the cache's write set up): ``[B, n, H]`` final
+        hidden states (after the final norm) and those of ``layer`` (the final ones when None)."""
+        out = self.decoder(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache, use_cache=True,
+            output_hidden_states=layer is not None,
+        )
+        return out.last_hidden_state, (out.last_hidden_state if layer is None else out.hidden_states[layer])
 
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: Sequence[int], request: PrefillRequest = PrefillRequest()) -> PrefillOutput:
         """Append ``tokens`` to ``slot``'s committed rows (plain causal attention), in chunks.
 
         Returns what ``request`` asks for: ``[len(tokens), topk]`` ids of each token's most likely
-        successors (Token Recycling fills its matrix from them) and/or the hidden states.
+        successors (Token Recycling fills its matrix from them) and their probabilities, and/or
+        the hidden states of ``request.hidden_layer``.
         """
+        self._check_layer(request.hidden_layer)
         if self.cache.pending[slot]:
             raise ValueError(f"slot {slot} has {self.cache.pending[slot]} pending rows; commit or discard them before prefilling")
         self._check_tokens(tokens)
         if self.length(slot) + len(tokens) > self.max_positions:
             raise ValueError(f"{self.length(slot) + len(tokens)} tokens exceed the context window of {self.max_positions}")
         top: list[torch.Tensor] = []
+        top_probs: list[torch.Tensor] = []
         hidden_parts: list[torch.Tensor] = []
         for start in range(0, len(tokens), self.prefill_chunk):
             chunk = list(tokens[start : start + self.prefill_chunk])
@@ -207,33 +228,48 @@ class HFTarget:
             mask = torch.zeros(n, write.kv_len, dtype=self.dtype, device=self.device)
             causal = torch.ones(n, n, dtype=torch.bool, device=self.device).triu_(1)
             mask[:, length:].masked_fill_(causal, torch.finfo(self.dtype).min)
-            hidden = self._decode(range(slot, slot + 1), ids, positions, mask[None, None])[0]
+            layer = request.hidden_layer if request.hidden else None
+            final, hidden = self._decode(range(slot, slot + 1), ids, positions, mask[None, None], layer)
             self.cache.end_write([n])
             self.cache.commit(slot, range(n))
             if request.topk:
-                top.append(self._logits(hidden).topk(request.topk, dim=-1).indices.cpu())
+                logits = self._logits(final[0])
+                best = logits.topk(request.topk, dim=-1)
+                top.append(best.indices.cpu())
+                if request.topk_probs:
+                    # p = exp(logit - logsumexp): no [n, V] softmax kept
+                    top_probs.append((best.values - logits.logsumexp(dim=-1, keepdim=True)).exp().cpu())
             if request.hidden:
-                hidden_parts.append(hidden)
+                hidden_parts.append(hidden[0])
         empty_top = torch.empty(0, request.topk, dtype=torch.long)
         return PrefillOutput(
             topk=(torch.cat(top) if top else empty_top) if request.topk else None,
             hidden=(torch.cat(hidden_parts) if hidden_parts else None) if request.hidden else None,
+            topk_probs=(torch.cat(top_probs) if top_probs else empty_top.float()) if request.topk and request.topk_probs else None,
         )
 
     def forward_rows(
-        self, slot: int, tokens: Sequence[int] | torch.Tensor, parent_rows: Sequence[int] | torch.Tensor, output_hidden: bool = False
+        self,
+        slot: int,
+        tokens: Sequence[int] | torch.Tensor,
+        parent_rows: Sequence[int] | torch.Tensor,
+        output_hidden: bool = False,
+        hidden_layer: int | None = None,
     ) -> RowsOutput:
         """Feed ``tokens`` as new pending rows of ``slot``; new row ``i`` hangs from pending row
         ``parent_rows[i]`` (an earlier pending row, old or new; -1 = only the committed prefix).
 
         ``tokens`` and ``parent_rows`` may be device tensors (a draft model drafting on the GPU
-        does not sync to build them). Returns the logits ``[n, V]`` of the new rows.
+        does not sync to build them). Returns the logits ``[n, V]`` of the new rows (and their
+        hidden states of ``hidden_layer`` with ``output_hidden``).
         """
-        return self.forward_batch(range(slot, slot + 1), [tokens], [parent_rows], output_hidden)[0]
+        return self.forward_batch(range(slot, slot + 1), [tokens], [parent_rows], output_hidden, hidden_layer)[0]
 
-    def forward_tree(self, slot: int, root: int, tree: DraftTree, output_hidden: bool = False) -> RowsOutput:
+    def forward_tree(
+        self, slot: int, root: int, tree: DraftTree, output_hidden: bool = False, hidden_layer: int | None = None
+    ) -> RowsOutput:
         """The verify pass: rows ``[root, node 0, ..., node N-1]`` (row ``i + 1`` is node ``i``)."""
-        return self.forward_rows(slot, [root, *tree.tokens], [-1, *(p + 1 for p in tree.parents)], output_hidden)
+        return self.forward_rows(slot, [root, *tree.tokens], [-1, *(p + 1 for p in tree.parents)], output_hidden, hidden_layer)
 
     @torch.inference_mode()
     def forward_batch(
@@ -242,6 +278,7 @@ class HFTarget:
         tokens: Sequence[Sequence[int] | torch.Tensor],
         parent_rows: Sequence[Sequence[int] | torch.Tensor],
         output_hidden: bool = False,
+        hidden_layer: int | None = None,
     ) -> list[RowsOutput]:
         """:meth:`forward_rows` for the slots ``slots`` (a contiguous range) in one forward.
 
@@ -258,6 +295,7 @@ class HFTarget:
         """
         if len(tokens) != len(slots) or len(parent_rows) != len(slots):
             raise ValueError(f"{len(tokens)} token lists and {len(parent_rows)} parent lists for {len(slots)} slots")
+        self._check_layer(hidden_layer)
         dev = self.device
         for b, slot in enumerate(slots):
             self._check_rows(slot, tokens[b], parent_rows[b])
@@ -291,10 +329,12 @@ class HFTarget:
             self._ancestors[slot] = torch.cat([torch.cat([old, seen_sets[b].new_zeros(pend, n)], dim=1), seen_sets[b]], dim=0)
         self.cache.set_write(slots, n_max)
         try:
-            hidden = self._decode(slots, torch.stack(ids), torch.stack(positions), torch.stack(masks)[:, None])
+            final, hidden = self._decode(
+                slots, torch.stack(ids), torch.stack(positions), torch.stack(masks)[:, None], hidden_layer if output_hidden else None
+            )
         finally:
             self.cache.end_write(counts)
-        logits = self._logits(hidden)
+        logits = self._logits(final)
         return [
             RowsOutput(logits=logits[b, :n], hidden=hidden[b, :n] if output_hidden else None) for b, n in enumerate(counts)
         ]

@@ -43,6 +43,15 @@ def best_first(parents: Sequence[int], scores: Sequence[float], n: int) -> list[
     >>> best_first([-1, -1, 0, 1], [-0.5, -1.2, -0.7, -1.3], 3)
     [0, 1, 2]
     """
+    return sorted(best_first_order(parents, scores, n))
+
+
+def best_first_order(parents: Sequence[int], scores: Sequence[float], n: int) -> list[int]:
+    """:func:`best_first` in admission order: ``best_first(..., m)`` is the first ``m`` of it.
+
+    >>> best_first_order([-1, -1, 0, 1], [-0.5, -1.2, -0.7, -1.3], 4)
+    [0, 2, 1, 3]
+    """
     children: list[list[int]] = [[] for _ in range(len(parents) + 1)]
     for i, p in enumerate(parents):
         children[p + 1].append(i)
@@ -54,4 +63,4 @@ def best_first(parents: Sequence[int], scores: Sequence[float], n: int) -> list[
         kept.append(i)
         for c in children[i + 1]:
             heapq.heappush(heap, (-scores[c], c))
-    return sorted(kept)
+    return kept

@@ -1,0 +1,382 @@
+"""AdaPLD: adaptive retrieval and reuse from prompt + output (source ``adapld``), as a small tree.
+
+The AdaPLD paper (``papers/002_df5e16bbc617d809.txt``, section 3) drafts from the observed
+context alone (prompt and generated tokens, the *memory* ``x_0 .. x_t``; ``x_t`` is the root):
+
+1. **Anchors** (eq. 3-5): positions ``j < t`` with ``x_j == x_t`` (lexical); only when there is
+   none, positions whose token's *input embedding* has cosine >= ``threshold`` with ``x_t``'s
+   (semantic fallback).
+2. **Reranking** (eq. 6-7): each candidate ``j`` is scored by the cosine between the target's
+   hidden state at layer ``layer`` after ``x_{j-1}`` and the one after ``x_{t-1}`` (the contexts
+   that *preceded* the anchor token and the query); the best one is the anchor ``a``.
+3. **Main copy** (eq. 8-9), lexical anchors only: ``x_{a+1} .. x_{a+max_copy}`` (up to ``x_t``).
+4. **Branches** (eq. 10-12): the ``branch_k`` most likely next tokens of the target's own
+   distribution after ``x_a`` (kept from when the target computed it: the prefill for prompt
+   positions, the verify pass for generated ones; nothing is recomputed), minus the main
+   copy's first token, each a child of the root.
+5. **Successors** (eq. 13-15): each branch token ``b`` is looked up like a query (lexical
+   positions ``j`` with ``x_j == b``, else the semantic fallback), reranked by the cosine between
+   the hidden state after ``x_{j-1}`` and the one after ``x_a`` (``b``'s context if it follows the
+   anchor), and ``x_{j+1}`` becomes ``b``'s one child.
+
+The tree is verified like any other (greedy or rejection-free sample-and-match: every node is
+deterministic), so outputs are the target's.
+
+**Choices where the paper is silent** (this machine: every verified row costs 5-15% of a step):
+
+- *Which nodes to verify.* The paper verifies the whole tree (up to 30 + 8 + 8 nodes). Here each
+  node gets an estimated acceptance probability and only nodes with ``p >= min_prob`` are
+  proposed, best first, at most ``budget`` (``min_prob = 0`` gives the paper's whole tree, the
+  ``adapld-full`` method): a main-copy node at depth ``d`` gets ``p(parent) * q(n, d)``, with
+  ``n`` how many tokens before the anchor agree with the context before the query (1-3) and
+  ``q`` PLD's learned copy rates (``drafters/pld.py``); a branch ``b`` gets
+  ``min(1, c * p_target(b | x_<=a))``, with ``c`` learned online (how often branches are right
+  against what the anchor's distribution promised); a successor ``p(branch) * s``, ``s`` its
+  learned rate. All rates start from priors and learn per request (or across requests with
+  ``Learning.SHARED``).
+- *Semantic threshold.* The text lost its value; the paper's sweep (0.0-0.8) found low to
+  moderate thresholds alike and high ones worse. ``threshold = 0.3`` here: Qwen2.5's input
+  embeddings put unrelated tokens at cosine ~0.0-0.15 and spelling variants (``" the"``,
+  ``"The"``) at ~0.3-0.6.
+- *Reranking layer.* Table 6 takes each model's layer from PLD+'s sweep (the layer whose
+  reranking best predicts the continuation on held-out text). ``RERANK_LAYERS`` holds the
+  result of the same sweep for the catalog models (``specgraft.calibration.rerank_layer``;
+  ``benchmarks/adapld_layer_sweep.py``); other models get ``num_layers // 3`` (Table 6's
+  Vicuna layers lie at 0.18-0.33 of the depth).
+
+Example: memory ``[5, 7, 1, 9, 5, 7, 2, 8, 5]`` (root ``x_8 = 5``). Lexical anchors of ``5``: 0
+and 4; reranking prefers 4 if the state after ``x_3 = 9`` looks more like the one after ``x_7 =
+8`` than the (absent) one before position 0 does. Main copy from 4: ``7, 2, 8, 5``; branches:
+the target's top tokens after ``x_4`` other than ``7``, say ``3``; successor of ``3``: the token
+after the best earlier ``3``, if any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+import torch
+
+from specgraft.config import GenerationConfig
+from specgraft.drafters.base import Learning, StatelessDrafter
+from specgraft.drafters.pld import CopyRates
+from specgraft.tree.paths import best_first
+from specgraft.types import Draft, PrefillOutput, PrefillRequest, StepResult, reindex
+
+#: Reranking layer per model signature ``(model_type, num_layers, hidden_size)``, from the
+#: sweep in ``benchmarks/adapld_layer_sweep.py`` (PLD+'s protocol, AdaPLD Table 6).
+#: Qwen2.5-Coder-1.5B (28 layers): 40 held-out texts, 1264 positions with two or more anchors;
+#: mean accepted copy 0.595 with the most recent anchor, 0.92-1.00 reranked at any layer, best
+#: at layer 21 (0.998; layer 9 = 28 // 3: 0.936), oracle 1.347.
+RERANK_LAYERS: dict[tuple[str, int, int], int] = {("qwen2", 28, 1536): 21}
+
+MAIN, BRANCH, SUCCESSOR = 0, 1, 2
+KINDS = ("main", "branch", "successor")
+
+
+def default_layer(model_type: str, num_layers: int, hidden_size: int) -> int:
+    """The reranking layer for a model: the swept one, else a third of the depth (at least 1).
+
+    >>> default_layer("llama", 2, 64)
+    1
+    """
+    return RERANK_LAYERS.get((model_type, num_layers, hidden_size), max(1, min(num_layers - 1, num_layers // 3)))
+
+
+@dataclass(frozen=True)
+class AdaPLDConfig:
+    max_copy: int = 30
+    """Longest main copy (the paper's L = 30)."""
+    branch_k: int = 8
+    """Branch tokens from the anchor's next-token distribution (the paper's k = 8)."""
+    threshold: float = 0.3
+    """Cosine of input embeddings above which the semantic fallback takes a position (tau)."""
+    layer: int | None = None
+    """Hidden-state layer for reranking; None = ``default_layer`` for the target."""
+    fallback: bool = True
+    """Semantic fallback when no lexical anchor exists (off: ``adapld-no-fallback``)."""
+    rerank: bool = True
+    """Hidden-state reranking of anchors (off: the most recent anchor, as PLD)."""
+    branches: bool = True
+    """Branch tokens (off: ``adapld-no-branches``, which also has no successors)."""
+    successors: bool = True
+    """One successor per branch (off: ``adapld-no-successor``)."""
+    min_prob: float = 0.1
+    """Nodes whose estimated acceptance is below this are not proposed (0 = the whole tree)."""
+    prior_first: tuple[float, ...] = (0.3, 0.5, 0.8)
+    """Prior rate of the main copy's first token, by agreement n = 1, 2, >=3 before the anchor."""
+    prior_later: tuple[float, ...] = (0.5, 0.7, 0.88)
+    """Prior rate of a later main-copy token given its parent was right, by n."""
+    prior_branch: float = 1.0
+    """Prior ``c``: branches are right as often as the anchor's distribution says."""
+    prior_successor: float = 0.4
+    """Prior rate of a successor given its branch was right."""
+    prior_strength: float = 8.0
+    """Pseudo-observations behind each prior."""
+
+    def __post_init__(self) -> None:
+        if self.max_copy < 1 or self.branch_k < 0:
+            raise ValueError(f"max_copy must be >= 1 and branch_k >= 0, got {self.max_copy}, {self.branch_k}")
+        if not -1.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold is a cosine in [-1, 1], got {self.threshold}")
+        if not 0.0 <= self.min_prob < 1.0:
+            raise ValueError(f"min_prob must lie in [0, 1), got {self.min_prob}")
+        if self.layer is not None and self.layer < 1:
+            raise ValueError(f"layer must be >= 1 (a decoder layer's output), got {self.layer}")
+        if len(self.prior_first) != len(self.prior_later) or not self.prior_first:
+            raise ValueError("prior_first and prior_later need the same, non-zero length")
+
+
+@dataclass
+class AdaPLDState:
+    """One sequence's memory: tokens, unit hidden states and the target's top-k per position.
+
+    ``hidden[j]`` / ``top_ids[j]`` / ``top_probs[j]`` are known for ``j < known`` (the engine's
+    context minus its last token, the root, whose row comes with the next verify pass)."""
+
+    tokens: np.ndarray
+    hidden: np.ndarray  # [cap, H] float32 unit vectors
+    top_ids: np.ndarray  # [cap, k] int64
+    top_probs: np.ndarray  # [cap, k] float32
+    known: int
+    rates: CopyRates  # main copy, by agreement n
+    branch_rate: CopyRates
+    successor_rate: CopyRates
+    # the last proposal, for observe: tokens, parents, kinds, (n, depth, weight) per node
+    last: tuple[list[int], list[int], list[int], list[tuple[int, int, float]]] | None = None
+    anchors: dict[str, int] = field(default_factory=lambda: {"lexical": 0, "semantic": 0, "none": 0})
+
+    def sync(self, context: Sequence[int]) -> np.ndarray:
+        if len(context) > len(self.tokens):
+            self.tokens = np.concatenate([self.tokens, np.asarray(context[len(self.tokens) :], dtype=np.int64)])
+        return self.tokens
+
+    def append_rows(self, hidden: np.ndarray, top_ids: np.ndarray, top_probs: np.ndarray) -> None:
+        n = len(hidden)
+        if self.known + n > len(self.hidden):
+            cap = max(2 * len(self.hidden), self.known + n)
+            for name in ("hidden", "top_ids", "top_probs"):
+                old = getattr(self, name)
+                new = np.zeros((cap, *old.shape[1:]), dtype=old.dtype)
+                new[: self.known] = old[: self.known]
+                setattr(self, name, new)
+        self.hidden[self.known : self.known + n] = hidden
+        self.top_ids[self.known : self.known + n] = top_ids
+        self.top_probs[self.known : self.known + n] = top_probs
+        self.known += n
+
+
+def _unit(h: torch.Tensor) -> np.ndarray:
+    h = h.float()
+    return (h / h.norm(dim=-1, keepdim=True).clamp_min(1e-12)).cpu().numpy()
+
+
+def _top(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    best = logits.float().topk(k, dim=-1)
+    probs = (best.values - logits.float().logsumexp(dim=-1, keepdim=True)).exp()
+    return best.indices.cpu().numpy(), probs.cpu().numpy()
+
+
+class AdaPLDDrafter(StatelessDrafter):
+    """AdaPLD over the target's own hidden states and input embeddings (source ``adapld``).
+
+    ``embeddings`` is the target's ``[V, H]`` input embedding matrix (the semantic fallback);
+    ``layer`` the decoder layer whose hidden states rerank anchors (``HFTarget`` returns them
+    for the prompt at prefill and for every verified row).
+    """
+
+    name: ClassVar[str] = "adapld"
+    needs_hidden: ClassVar[bool] = True
+
+    def __init__(self, embeddings: torch.Tensor, layer: int, config: AdaPLDConfig = AdaPLDConfig(), learning: Learning = Learning.REQUEST):
+        self.config = config
+        self.hidden_layer = layer
+        self.embeddings = embeddings.detach()
+        self.learning = Learning(learning)
+        c = config
+        self.rates = CopyRates(c.prior_first, c.prior_later, c.prior_strength)
+        self.branch_rate = CopyRates((c.prior_branch,), (c.prior_branch,), c.prior_strength)
+        self.successor_rate = CopyRates((c.prior_successor,), (c.prior_successor,), c.prior_strength)
+        # token id -> unit input embedding (a model constant: shared, read-only after first use)
+        self._unit_embedding: dict[int, np.ndarray] = {}
+
+    @property
+    def top_k(self) -> int:
+        return max(self.config.branch_k + 1, 1)
+
+    def prefill_request(self) -> PrefillRequest:
+        return PrefillRequest(topk=self.top_k, hidden=True, topk_probs=True, hidden_layer=self.hidden_layer)
+
+    def begin(self, prompt: Sequence[int], prefill: PrefillOutput, config: GenerationConfig) -> AdaPLDState:
+        shared = self.learning is Learning.SHARED
+        state = AdaPLDState(
+            tokens=np.asarray(prompt, dtype=np.int64),
+            hidden=np.zeros((0, self.embeddings.shape[1]), dtype=np.float32),
+            top_ids=np.zeros((0, self.top_k), dtype=np.int64),
+            top_probs=np.zeros((0, self.top_k), dtype=np.float32),
+            known=0,
+            rates=self.rates if shared else self.rates.copy(),
+            branch_rate=self.branch_rate if shared else self.branch_rate.copy(),
+            successor_rate=self.successor_rate if shared else self.successor_rate.copy(),
+        )
+        if len(prompt) > 1:
+            if prefill.hidden is None or prefill.topk is None or prefill.topk_probs is None:
+                raise ValueError("AdaPLD needs the prefill's hidden states and top-k with probabilities (prefill_request)")
+            k = min(self.top_k, prefill.topk.shape[1])
+            ids = np.zeros((len(prefill.topk), self.top_k), dtype=np.int64)
+            probs = np.zeros((len(prefill.topk), self.top_k), dtype=np.float32)
+            ids[:, :k], probs[:, :k] = prefill.topk[:, :k].numpy(), prefill.topk_probs[:, :k].numpy()
+            state.append_rows(_unit(prefill.hidden), ids, probs)
+        return state
+
+    # -- retrieval ---------------------------------------------------------------------------
+
+    def unit_embeddings(self, tokens: np.ndarray) -> np.ndarray:
+        """``[n, H]`` unit input embeddings of ``tokens`` (cached per token id)."""
+        missing = [int(t) for t in np.unique(tokens) if int(t) not in self._unit_embedding]
+        if missing:
+            rows = _unit(self.embeddings[torch.as_tensor(missing, device=self.embeddings.device)])
+            self._unit_embedding.update(zip(missing, rows, strict=True))
+        return np.stack([self._unit_embedding[int(t)] for t in tokens]) if len(tokens) else np.zeros((0, self.embeddings.shape[1]), np.float32)
+
+    def candidates(self, mem: np.ndarray, query: int, end: int) -> tuple[np.ndarray, bool]:
+        """Positions ``j < end`` to anchor ``query`` at, and whether they are lexical (eq. 3-5)."""
+        lexical = np.flatnonzero(mem[:end] == query)
+        if len(lexical) or not self.config.fallback or end == 0:
+            return lexical, True
+        uniq = np.unique(mem[:end])
+        sims = self.unit_embeddings(uniq) @ self.unit_embeddings(np.array([query]))[0]
+        close = uniq[sims >= self.config.threshold]
+        return np.flatnonzero(np.isin(mem[:end], close)), False
+
+    def select(self, state: AdaPLDState, cands: np.ndarray, reference: int) -> int:
+        """The candidate whose preceding hidden state is closest to ``hidden[reference]`` (eq. 6-7,
+        13-14); ties and ``rerank=False``: the most recent. A candidate at position 0 has no
+        preceding state and ranks last."""
+        if not self.config.rerank or reference < 0 or reference >= state.known:
+            return int(cands[-1])
+        prev = cands - 1
+        usable = (prev >= 0) & (prev < state.known)
+        if not usable.any():
+            return int(cands[-1])
+        scores = np.full(len(cands), -2.0, dtype=np.float32)
+        scores[usable] = state.hidden[prev[usable]] @ state.hidden[reference]
+        # the last maximum: most recent on ties
+        return int(cands[len(scores) - 1 - int(np.argmax(scores[::-1]))])
+
+    @staticmethod
+    def agreement(mem: np.ndarray, a: int, t: int, cap: int = 3) -> int:
+        """How many tokens up to the anchor agree with those up to the query (1 .. cap).
+
+        >>> AdaPLDDrafter.agreement(np.array([4, 5, 9, 4, 5]), 1, 4)
+        2
+        """
+        n = 1
+        while n < cap and a - n >= 0 and mem[a - n] == mem[t - n]:
+            n += 1
+        return n
+
+    # -- the tree ----------------------------------------------------------------------------
+
+    def propose(self, state: AdaPLDState, context: Sequence[int], budget: int) -> Draft:
+        mem = state.sync(context)
+        cfg = self.config
+        t = len(mem) - 1  # the root's position
+        tokens: list[int] = []
+        parents: list[int] = []
+        kinds: list[int] = []
+        keys: list[tuple[int, int, float]] = []
+        probs: list[float] = []
+        state.last = None
+        cands, lexical = self.candidates(mem, int(mem[t]), t)
+        if not len(cands):
+            state.anchors["none"] += 1
+            return Draft(source=self.name, tokens=[], parents=[], scores=[])
+        state.anchors["lexical" if lexical else "semantic"] += 1
+        a = self.select(state, cands, t - 1)
+        main_first = None
+        if lexical:
+            n = self.agreement(mem, a, t)
+            p, parent = 1.0, -1
+            for d, tok in enumerate(mem[a + 1 : min(a + cfg.max_copy, t) + 1].tolist(), start=1):
+                p *= state.rates.rate(n, d)
+                tokens.append(int(tok))
+                parents.append(parent)
+                kinds.append(MAIN)
+                keys.append((n, d, 1.0))
+                probs.append(p)
+                parent = len(tokens) - 1
+            main_first = tokens[0] if tokens else None
+        if cfg.branches and a < state.known:
+            c = state.branch_rate.rate(1, 1)
+            branch_ids = [(int(b), float(q)) for b, q in zip(state.top_ids[a], state.top_probs[a], strict=True) if int(b) != main_first]
+            for b, q in branch_ids[: cfg.branch_k]:
+                node = len(tokens)
+                p_b = min(1.0, c * q)
+                tokens.append(b)
+                parents.append(-1)
+                kinds.append(BRANCH)
+                keys.append((1, 1, q))
+                probs.append(p_b)
+                if not cfg.successors:
+                    continue
+                succ_cands, _ = self.candidates(mem, b, t)  # x_{j+1} must exist: j <= t - 1
+                if len(succ_cands):
+                    j = self.select(state, succ_cands, a)
+                    tokens.append(int(mem[j + 1]))
+                    parents.append(node)
+                    kinds.append(SUCCESSOR)
+                    keys.append((1, 2, 1.0))
+                    probs.append(p_b * state.successor_rate.rate(1, 1))
+        # a child never beats its parent (rates <= 1), so dropping p < min_prob keeps a tree
+        keep = [i for i in range(len(tokens)) if probs[i] >= cfg.min_prob]
+        if len(keep) > budget:
+            keep = [keep[i] for i in best_first(reindex(parents, keep), [probs[i] for i in keep], budget)]
+        state.last = (tokens, parents, kinds, keys)
+        return Draft(source=self.name, tokens=tokens, parents=parents, scores=probs).subset(keep)
+
+    # -- learning ----------------------------------------------------------------------------
+
+    def observe(self, state: AdaPLDState, step: StepResult) -> None:
+        """Extend the memory with the verified rows' hidden states and top-k; learn the rates."""
+        rows = [0, *(i + 1 for i in step.verify.accepted)]
+        if step.hidden is None:
+            raise ValueError("AdaPLD needs the verify pass's hidden states (needs_hidden)")
+        idx = torch.as_tensor(rows, device=step.logits.device)
+        ids, probs = _top(step.logits[idx], self.top_k)
+        state.append_rows(_unit(step.hidden[idx.to(step.hidden.device)]), ids, probs)
+        state.sync(step.context)
+        if state.last is None:
+            return
+        tokens, parents, kinds, keys = state.last
+        state.last = None
+        truth = step.new_tokens
+        right = [False] * len(tokens)
+        for i, p in enumerate(parents):
+            n, d, weight = keys[i]
+            if not (p < 0 or right[p]) or d > len(truth):
+                continue
+            right[i] = hit = tokens[i] == truth[d - 1]
+            if kinds[i] == MAIN:
+                state.rates.record(n, d, hit)
+            elif kinds[i] == BRANCH:
+                state.branch_rate.record(1, 1, hit, weight=weight)
+            else:
+                state.successor_rate.record(1, 1, hit)
+
+
+def build_adapld(target: Any, config: AdaPLDConfig, learning: Learning = Learning.REQUEST) -> AdaPLDDrafter:
+    """An :class:`AdaPLDDrafter` for an :class:`~specgraft.models.hf.HFTarget` (its embeddings and
+    layer count; the layer from ``config.layer`` or :func:`default_layer`)."""
+    num_layers = int(target.num_layers)
+    if num_layers < 2:
+        raise ValueError(f"AdaPLD reranks with a hidden layer below the last; {target.name!r} has {num_layers} layer(s)")
+    layer = config.layer
+    if layer is None:
+        cfg = target.config
+        layer = default_layer(str(getattr(cfg, "model_type", "")), num_layers, int(getattr(cfg, "hidden_size", 0)))
+    if not 1 <= layer < num_layers:
+        raise ValueError(f"AdaPLD layer {layer} is not in 1 .. {num_layers - 1} for {target.name!r}")
+    return AdaPLDDrafter(target.input_embeddings(), layer, config, learning)

@@ -1,0 +1,129 @@
+"""READER's retrieval source: a short-term trie per sequence and shared long-term datastores.
+
+READER (``papers/003_a9ac2d7d1bbb97c9.txt``, section 4.2, Algorithms 1-4) widens a draft-model
+tree with one deep retrieved path at the root and deepens it with one path hung from a draft
+node. This drafter holds the retrieval side:
+
+- the **short-term trie** (:class:`~specgraft.retrieval.trie.TokenTrie`) of one sequence: the
+  prompt at ``begin`` (Alg. 1 line 2), every accepted token at ``observe`` (line 9), in O(new
+  tokens x depth) per step;
+- the **long-term datastores** (:class:`~specgraft.retrieval.datastore.Datastore`, suffix
+  arrays over a corpus), shared and read-only: nothing of one request reaches another;
+- ``propose`` returns the **widening** path (``SearchPath`` keyed by the last ``key_len``
+  tokens, ``d_search`` deep, Alg. 3) as a :class:`RetrievalDraft` that also carries a
+  ``search`` function, with which :class:`~specgraft.composers.reader.ReaderComposer` finds the
+  **deepening** path once it knows the draft model's best node (Alg. 4).
+
+Example (trie only)::
+
+    drafter = ReaderRetrieval(ReaderConfig(d_search=4), datastores=[])
+    state = drafter.begin([5, 6, 7, 8, 5, 6], PrefillOutput(), GenerationConfig())
+    draft = drafter.propose(state, [5, 6, 7, 8, 5, 6], budget=8)
+    draft.tokens        # [7, 8, 5, 6]: what followed "5 6" before, then what followed that
+    draft.search([7], 2)  # SearchPath after context + [7]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Sequence
+
+from specgraft.config import GenerationConfig
+from specgraft.drafters.base import StatelessDrafter
+from specgraft.retrieval import Datastore, SearchPath, TokenTrie, search_path
+from specgraft.types import Draft, PrefillOutput, StepResult
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """READER's tree shape (Algorithm 2's parameters) and retrieval keys."""
+
+    d_search: int = 6
+    """Depth of the widening path at the root (``d_search``)."""
+    d_deep: int = 2
+    """Depth of the deepening path (``d_deep``); 0 = no deepening (``reader-widen``)."""
+    draft_nodes: int = 8
+    """Draft-model nodes of the tree (the rest of ``B_tokens`` goes to the two paths)."""
+    deepen_depth: int = 2
+    """The deepening path hangs from the best draft path's node at min(this, draft depth) (Alg. 4)."""
+    key_len: int = 8
+    """Context suffix length of the search keys (``L_suffix``); keys back off to shorter suffixes."""
+    merge: str = "longest"
+    """How trie and datastore counts are combined (``retrieval/search.py``)."""
+
+    def __post_init__(self) -> None:
+        if self.d_search < 0 or self.d_deep < 0 or self.draft_nodes < 0:
+            raise ValueError(f"d_search, d_deep and draft_nodes must be >= 0, got {self.d_search}, {self.d_deep}, {self.draft_nodes}")
+        if self.key_len < 1 or self.deepen_depth < 1:
+            raise ValueError(f"key_len and deepen_depth must be >= 1, got {self.key_len}, {self.deepen_depth}")
+
+    @property
+    def budget(self) -> int:
+        """``B_tokens``: nodes of the full per-step shape."""
+        return self.draft_nodes + self.d_search + self.d_deep
+
+
+@dataclass
+class ReaderState:
+    trie: TokenTrie
+    # retrieval lookups this sequence made (READER's per-sample CPU search)
+    searches: int = 0
+
+
+@dataclass
+class RetrievalDraft(Draft):
+    """The widening path (a chain at the root) plus how to search a deepening path."""
+
+    path: SearchPath | None = None
+    search: Callable[[Sequence[int], int], SearchPath] | None = field(default=None, repr=False)
+    """``search(prefix, depth)``: the path after the context followed by ``prefix``."""
+
+
+def path_drafts(path: SearchPath, anchor: Sequence[int] = ()) -> list[Draft]:
+    """A retrieved path as chains of one source each (``trie`` / ``datastore``), each hung under
+    the path before it, so the tree records per node where it was retrieved from.
+
+    >>> p = SearchPath(tokens=(4, 5, 6), sources=("trie", "trie", "datastore"), shares=(1.0, 1.0, 1.0), matched=(2, 2, 1))
+    >>> [(d.source, d.tokens, d.anchor) for d in path_drafts(p, anchor=(9,))]
+    [('trie', [4, 5], (9,)), ('datastore', [6], (9, 4, 5))]
+    """
+    drafts: list[Draft] = []
+    start = 0
+    for i in range(1, len(path) + 1):
+        if i == len(path) or path.sources[i] != path.sources[start]:
+            tokens = list(path.tokens[start:i])
+            drafts.append(Draft(source=path.sources[start], tokens=tokens, parents=list(range(-1, len(tokens) - 1)),
+                                anchor=tuple(anchor) + tuple(path.tokens[:start])))
+            start = i
+    return drafts
+
+
+class ReaderRetrieval(StatelessDrafter):
+    """Trie + datastores, READER's SearchPath (source names per node: ``trie`` / ``datastore``)."""
+
+    name: ClassVar[str] = "retrieval"
+
+    def __init__(self, config: ReaderConfig = ReaderConfig(), datastores: Sequence[Datastore] = ()):
+        self.config = config
+        self.datastores = list(datastores)
+
+    def begin(self, prompt: Sequence[int], prefill: PrefillOutput, config: GenerationConfig) -> ReaderState:
+        trie = TokenTrie(max_depth=self.config.key_len + 1)
+        trie.extend([int(t) for t in prompt])
+        return ReaderState(trie=trie)
+
+    def search(self, state: ReaderState, context: Sequence[int], prefix: Sequence[int], depth: int) -> SearchPath:
+        state.searches += 1
+        key = [*context[-self.config.key_len :], *prefix]
+        return search_path(key, depth, state.trie, self.datastores, key_len=self.config.key_len, merge=self.config.merge)
+
+    def propose(self, state: ReaderState, context: Sequence[int], budget: int) -> RetrievalDraft:
+        path = self.search(state, context, (), self.config.d_search)
+        ctx = list(context[-self.config.key_len :])
+        return RetrievalDraft(
+            source=self.name, tokens=list(path.tokens), parents=list(range(-1, len(path) - 1)), path=path,
+            search=lambda prefix, depth: self.search(state, ctx, prefix, depth),
+        )
+
+    def observe(self, state: ReaderState, step: StepResult) -> None:
+        state.trie.extend(step.new_tokens)

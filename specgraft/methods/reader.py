@@ -1,0 +1,83 @@
+"""READER and its ablations (``reader``, ``reader-widen``, ``reader-trie``): build functions.
+
+READER = the ``draft-tree`` drafter (the draft model, ``MethodOptions.graft``'s preset, no
+gates) + :class:`~specgraft.drafters.reader_retrieval.ReaderRetrieval` (a trie per sequence,
+the ``--datastore`` suffix arrays shared) + :class:`~specgraft.composers.reader.ReaderComposer`.
+The variants switch off deepening (``reader-widen``) or the long-term datastore
+(``reader-trie``); ``draft-tree`` is the base.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from specgraft.composers.reader import ReaderComposer
+    from specgraft.drafters.base import Drafter
+    from specgraft.methods.registry import MethodOptions
+    from specgraft.models.base import TargetModel
+
+#: name -> (summary, changes to ``ReaderConfig``, whether the datastores are read)
+READER_METHODS: dict[str, tuple[str, dict[str, Any], bool]] = {
+    "reader": ("READER: draft-model tree widened by a retrieved path at the root and deepened from its best branch "
+               "(trie of the context + --datastore suffix arrays)", {}, True),
+    "reader-widen": ("READER without deepening (the widening path only)", {"d_deep": 0}, True),
+    "reader-trie": ("READER without the long-term datastore (the short-term trie alone)", {}, False),
+}
+
+
+def reads_datastores(name: str) -> bool:
+    return READER_METHODS[name][2]
+
+
+def load_method_datastores(paths: tuple[str, ...], vocab_size: int, tokenizer: Any = None) -> list:
+    """The datastores at ``paths``, each checked against ``tokenizer`` (its vocabulary hash) when
+    given, else against the target's vocabulary size."""
+    from specgraft.retrieval import Datastore, load_datastores
+
+    if tokenizer is not None:
+        stores = load_datastores(paths, tokenizer)
+    else:
+        stores = [Datastore.load(p) for p in paths]
+    for store in stores:
+        size = store.manifest.get("vocab_size")
+        if size is not None and int(size) > vocab_size:
+            raise ValueError(
+                f"datastore {str(store.path)!r} was built with a tokenizer of {size} tokens, more than the target's {vocab_size}"
+            )
+    return stores
+
+
+def build_reader(
+    name: str, target: TargetModel, opts: MethodOptions, draft_model: nn.Module | None = None, tokenizer: Any = None
+) -> tuple[list[Drafter], ReaderComposer]:
+    from specgraft.composers.reader import ReaderComposer
+    from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig, get_preset
+    from specgraft.drafters.reader_retrieval import ReaderRetrieval
+    from specgraft.methods.graft import require_draft_model
+    from specgraft.models.loading import load_draft_model
+
+    options = opts.graft
+    if draft_model is None:
+        require_draft_model(name, options, draft_model)
+        draft_model = load_draft_model(options.draft_model, options.draft_dtype, target.device)
+    config = replace(opts.reader, **READER_METHODS[name][1])
+    stores = []
+    if reads_datastores(name):
+        if opts.datastores:
+            stores = load_method_datastores(tuple(opts.datastores), target.vocab_size, tokenizer)
+        else:
+            print(f"{name}: no --datastore given; retrieving from the short-term trie alone", file=sys.stderr)
+    preset = get_preset(options.preset)
+    draft_config = DraftTreeConfig(
+        depth=options.depth or preset.depth, top_k=options.top_k or preset.top_k, sample=options.sample_drafts, seed=options.seed
+    )
+    drafters: list[Drafter] = [
+        DraftModelDrafter(draft_model, draft_config, target_vocab=target.vocab_size),
+        ReaderRetrieval(config, stores),
+    ]
+    return drafters, ReaderComposer(config)

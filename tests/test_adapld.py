@@ -1,0 +1,205 @@
+"""AdaPLD (``drafters/adapld.py``): retrieval rules on hand-made memories, the adapter's layer
+hidden states and top-k, greedy losslessness of every variant, exact seeded sampling."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from specgraft.config import GenerationConfig, SamplingConfig
+from specgraft.drafters.adapld import AdaPLDConfig, AdaPLDDrafter, AdaPLDState, build_adapld
+from specgraft.drafters.pld import CopyRates
+from specgraft.engine import SpecEngine
+from specgraft.methods import MethodOptions, get_method
+from specgraft.methods.model_free import ADAPLD_METHODS
+from specgraft.models.hf import HFTarget
+from specgraft.types import DraftTree, PrefillRequest, StepResult, VerifyResult
+
+from tests.conftest import TINY_MODELS
+from tests.test_greedy_lossless import hf_greedy, make_prompts
+
+H = 4
+
+
+def state_for(tokens, hidden, top_ids=None, top_probs=None, k=3) -> AdaPLDState:
+    n = len(hidden)
+    cfg = AdaPLDConfig()
+    return AdaPLDState(
+        tokens=np.asarray(tokens, dtype=np.int64),
+        hidden=np.asarray(hidden, dtype=np.float32),
+        top_ids=np.asarray(top_ids if top_ids is not None else np.zeros((n, k)), dtype=np.int64),
+        top_probs=np.asarray(top_probs if top_probs is not None else np.zeros((n, k)), dtype=np.float32),
+        known=n,
+        rates=CopyRates(cfg.prior_first, cfg.prior_later, cfg.prior_strength),
+        branch_rate=CopyRates((1.0,), (1.0,), 8.0),
+        successor_rate=CopyRates((0.4,), (0.4,), 8.0),
+    )
+
+
+def unit(*v):
+    v = np.asarray(v, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+def drafter(vocab=16, **kw) -> AdaPLDDrafter:
+    return AdaPLDDrafter(torch.eye(vocab, 16), layer=1, config=AdaPLDConfig(**kw))
+
+
+E1, E2 = unit(1, 0, 0, 0), unit(0, 1, 0, 0)
+
+
+def test_reranking_picks_the_anchor_whose_preceding_state_matches():
+    # memory 9 5 7 1 | 5 2 8 3 | 5 (root, position 8): lexical anchors of 5 at 1 and 4. The state
+    # after x_0 matches the one after x_7 (the query's preceding context); the one after x_3 does not
+    tokens = [9, 5, 7, 1, 5, 2, 8, 3, 5]
+    hidden = [E1, E2, E2, E2, E2, E2, E2, E1]  # positions 0..7 known
+    draft = drafter(min_prob=0.0, branches=False).propose(state_for(tokens, hidden), tokens, budget=64)
+    assert draft.tokens == [7, 1, 5, 2, 8, 3, 5] and draft.parents == list(range(-1, 6))
+    # PLD's rule, the most recent anchor, without reranking
+    plain = drafter(min_prob=0.0, branches=False, rerank=False).propose(state_for(tokens, hidden), tokens, budget=64)
+    assert plain.tokens == [2, 8, 3, 5]
+    # max_copy caps the copy; an anchor at position 0 has no preceding state and ranks last
+    assert drafter(min_prob=0.0, branches=False, max_copy=2).propose(state_for(tokens, hidden), tokens, 64).tokens == [7, 1]
+    tokens0 = [5, 7, 1, 5, 2, 5]
+    hidden0 = [E1, E1, E1, E1, E1]
+    assert drafter(min_prob=0.0, branches=False).propose(state_for(tokens0, hidden0), tokens0, 64).tokens == [2, 5]
+
+
+def test_semantic_fallback_only_without_a_lexical_anchor():
+    emb = torch.zeros(16, 4)
+    emb[3] = torch.tensor([1.0, 0, 0, 0])
+    emb[4] = torch.tensor([0.9, 0.1, 0, 0])  # close to 3
+    emb[5] = torch.tensor([0, 1.0, 0, 0])
+    emb[9] = torch.tensor([0, 0, 1.0, 0])
+    d = AdaPLDDrafter(emb, 1, AdaPLDConfig(threshold=0.8, min_prob=0.0))
+    mem = np.array([5, 4, 9, 5, 3])
+    cands, lexical = d.candidates(mem, 3, 4)
+    assert not lexical and cands.tolist() == [1]
+    cands, lexical = d.candidates(mem, 5, 4)
+    assert lexical and cands.tolist() == [0, 3]
+    assert d.candidates(mem, 3, 4)[0].tolist() == [1]
+    off = AdaPLDDrafter(emb, 1, AdaPLDConfig(threshold=0.8, fallback=False))
+    assert off.candidates(mem, 3, 4)[0].tolist() == []
+    # a semantic anchor gives no main copy, only branches from its distribution
+    hidden = [E1] * 4
+    top_ids = [[0, 1, 2]] * 4
+    top_ids[1] = [7, 8, 6]
+    top_probs = [[0.6, 0.3, 0.1]] * 4
+    st = state_for(mem, hidden, top_ids, top_probs)
+    draft = AdaPLDDrafter(emb, 1, AdaPLDConfig(threshold=0.8, min_prob=0.0, successors=False, branch_k=3)).propose(st, mem.tolist(), 64)
+    assert draft.tokens == [7, 8, 6] and draft.parents == [-1, -1, -1]
+    assert st.anchors["semantic"] == 1
+
+
+def test_branches_skip_the_main_token_and_get_successors():
+    # memory: 1 2 3 | 6 4 | 1 (root). Anchor 0 (token 1): main copy 2 3 6 4 1; the anchor's
+    # top-3 are 2 (= main's first, dropped), 6, 9; successor of 6: 4 (after position 3), 9: none
+    tokens = [1, 2, 3, 6, 4, 1]
+    hidden = [E1] * 5
+    top_ids = [[2, 6, 9]] + [[0, 0, 0]] * 4
+    top_probs = [[0.5, 0.3, 0.2]] + [[0.0, 0.0, 0.0]] * 4
+    st = state_for(tokens, hidden, top_ids, top_probs)
+    d = drafter(min_prob=0.0, branch_k=3, fallback=False)
+    draft = d.propose(st, tokens, 64)
+    assert draft.tokens == [2, 3, 6, 4, 1, 6, 4, 9]
+    assert draft.parents == [-1, 0, 1, 2, 3, -1, 5, -1]
+    # estimated acceptance only shrinks along a path, branches follow the anchor's probabilities
+    s = draft.scores
+    assert s[5] == pytest.approx(0.3) and s[7] == pytest.approx(0.2) and s[6] < s[5]
+    assert all(s[i] <= (s[p] if p >= 0 else 1.0) for i, p in enumerate(draft.parents))
+    # pruning keeps a tree and the best nodes
+    pruned = drafter(min_prob=0.25, branch_k=3, fallback=False).propose(state_for(tokens, hidden, top_ids, top_probs), tokens, 64)
+    assert all(p < i for i, p in enumerate(pruned.parents)) and min(pruned.scores) >= 0.25
+    capped = d.propose(state_for(tokens, hidden, top_ids, top_probs), tokens, 3)
+    assert len(capped) == 3
+
+
+def test_observe_keeps_the_memory_in_step_and_learns():
+    tokens = [1, 2, 3, 1]
+    st = state_for(tokens, [E1] * 3, [[2, 5, 6]] * 3, [[0.7, 0.2, 0.1]] * 3)
+    d = drafter(vocab=16, min_prob=0.0, branch_k=2, fallback=False)
+    draft = d.propose(st, tokens, 64)  # main copy 2 3 1, branch 5
+    tree = DraftTree(tokens=draft.tokens, parents=draft.parents, sources=["adapld"] * len(draft))
+    logits = torch.randn(len(draft) + 1, 16)
+    hidden = torch.randn(len(draft) + 1, H)
+    # the target accepted the main copy's 2 and 3, then said 7
+    step = StepResult(root_token=1, tree=tree, verify=VerifyResult(accepted=[0, 1], bonus_token=7), logits=logits,
+                      context=tokens + [2, 3, 7], hidden=hidden)
+    before = st.rates.rate(1, 1)
+    d.observe(st, step)
+    assert st.known == len(step.context) - 1 == 6
+    assert st.top_ids[4].tolist() == logits[1].topk(3).indices.tolist()  # position 4 = row 1 (node 0)
+    assert np.allclose(st.hidden[3], (hidden[0] / hidden[0].norm()).numpy(), atol=1e-6)
+    assert st.rates.rate(1, 1) > before  # a right first copy
+
+
+def test_prefill_and_verify_give_layer_states_and_topk_like_a_full_forward():
+    model = TINY_MODELS["qwen2"](layers=3)
+    target = HFTarget(model, prefill_chunk=5)
+    prompt = list(range(3, 15))
+    slot = target.allocate()
+    out = target.prefill(slot, prompt, PrefillRequest(topk=4, hidden=True, topk_probs=True, hidden_layer=2))
+    with torch.no_grad():
+        full = model(torch.tensor([prompt]), output_hidden_states=True)
+    assert torch.allclose(out.hidden, full.hidden_states[2][0], atol=1e-5)
+    probs = full.logits[0].softmax(-1)
+    assert out.topk.tolist() == probs.topk(4).indices.tolist()
+    assert torch.allclose(out.topk_probs, probs.topk(4).values, atol=1e-5)
+    tree = DraftTree(tokens=[20, 21], parents=[-1, 0], sources=["x", "x"])
+    rows = target.forward_tree(slot, 15, tree, output_hidden=True, hidden_layer=2)
+    with torch.no_grad():
+        chain = model(torch.tensor([prompt + [15, 20, 21]]), output_hidden_states=True)
+    assert torch.allclose(rows.hidden, chain.hidden_states[2][0, -3:], atol=1e-5)
+    with pytest.raises(ValueError, match="hidden layer 3"):
+        target.forward_tree(slot, 15, tree, output_hidden=True, hidden_layer=3)
+    with pytest.raises(ValueError, match="two layers"):
+        PrefillRequest(hidden=True, hidden_layer=1).union(PrefillRequest(hidden=True, hidden_layer=2))
+
+
+def test_build_checks_the_layer():
+    target = HFTarget(TINY_MODELS["llama"]())
+    assert build_adapld(target, AdaPLDConfig()).hidden_layer == 1
+    with pytest.raises(ValueError, match="layer 2 is not in 1 .. 1"):
+        build_adapld(target, AdaPLDConfig(layer=2))
+    with pytest.raises(ValueError, match="threshold"):
+        AdaPLDConfig(threshold=2.0)
+
+
+@pytest.mark.parametrize("name", sorted(ADAPLD_METHODS))
+def test_greedy_equals_plain_decoding(name):
+    """>= 50 prompts per variant (half repetitive), alternating the two tiny architectures."""
+    arch = sorted(TINY_MODELS)[sorted(ADAPLD_METHODS).index(name) % 2]
+    model = TINY_MODELS[arch]()
+    target = HFTarget(model)
+    drafters, composer = get_method(name).build(target, MethodOptions())
+    engine = SpecEngine(target, drafters, composer, method=name)
+    config = GenerationConfig(max_new_tokens=16, budget=get_method(name).default_budget)
+    mats = []
+    for prompt, repetitive in make_prompts(vocab=model.config.vocab_size):
+        assert engine.generate_ids(prompt, config) == hf_greedy(model, prompt, 16), f"{arch}/{name} diverged on {prompt}"
+        if repetitive:
+            mats.append(engine.last_stats.mat)
+    assert sum(mats) / len(mats) > 1.3, f"{name}: drafts were not accepted"
+
+
+@pytest.mark.parametrize("name", ["adapld", "adapld-full"])
+def test_seeded_sampling_equals_plain_sampling(name):
+    """AdaPLD's nodes are deterministic, so each parent uses sample-and-match: one target draw per
+    emitted token, in order. With the same seed the output is ``ar``'s token for token, which
+    proves the output law is the target's (sharper than a statistical test)."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    engines = {}
+    for m in ("ar", name):
+        drafters, composer = get_method(m).build(target, MethodOptions())
+        engines[m] = SpecEngine(target, drafters, composer, method=m)
+    rng = random.Random(5)
+    accepted = 0
+    for seed in range(6):
+        unit_ = [rng.randrange(3, 96) for _ in range(rng.randint(2, 5))]
+        prompt = (unit_ * 8)[: rng.randint(8, 30)]
+        config = GenerationConfig(max_new_tokens=20, budget=16, sampling=SamplingConfig(temperature=0.5, top_p=0.95, seed=seed))
+        assert engines[name].generate_ids(prompt, config) == engines["ar"].generate_ids(prompt, config)
+        accepted += engines[name].last_stats.new_tokens - engines[name].last_stats.steps
+    assert accepted > 0
