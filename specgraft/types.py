@@ -199,11 +199,15 @@ class PrefillRequest:
     hidden_layer: int | None = None
     """Which hidden states: ``None`` = the final layer's, after the final norm; ``l`` in
     ``1 .. num_layers - 1`` = the output of decoder layer ``l`` (AdaPLD reranks at one layer)."""
+    final_hidden: bool = False
+    """Also the final layer's hidden states (after the final norm), from which a drafter can
+    compute the logits of the few positions it needs (``HFTarget.logits_of``) instead of the
+    whole prompt's ``[T, V]``."""
 
     def union(self, other: "PrefillRequest") -> "PrefillRequest":
         """
         >>> PrefillRequest(topk=8).union(PrefillRequest(hidden=True))
-        PrefillRequest(topk=8, hidden=True, topk_probs=False, hidden_layer=None)
+        PrefillRequest(topk=8, hidden=True, topk_probs=False, hidden_layer=None, final_hidden=False)
         """
         if self.hidden and other.hidden and self.hidden_layer != other.hidden_layer:
             raise ValueError(f"drafters ask for hidden states of two layers ({self.hidden_layer} and {other.hidden_layer})")
@@ -212,6 +216,7 @@ class PrefillRequest:
             self.hidden or other.hidden,
             self.topk_probs or other.topk_probs,
             self.hidden_layer if self.hidden else other.hidden_layer,
+            self.final_hidden or other.final_hidden,
         )
 
 
@@ -225,6 +230,8 @@ class PrefillOutput:
     hidden: torch.Tensor | None = None
     # [T, topk] float32 target probabilities of those successors, or None
     topk_probs: torch.Tensor | None = None
+    # [T, H] final-layer hidden states (after the final norm), or None
+    final_hidden: torch.Tensor | None = None
 
 
 @dataclass

@@ -203,3 +203,23 @@ def test_seeded_sampling_equals_plain_sampling(name):
         assert engines[name].generate_ids(prompt, config) == engines["ar"].generate_ids(prompt, config)
         accepted += engines[name].last_stats.new_tokens - engines[name].last_stats.steps
     assert accepted > 0
+
+
+def test_prompt_logits_on_demand_equal_a_full_forward():
+    """The prefill keeps final hidden states, not the prompt's [T, V] logits; an anchor's top-k
+    computed from them on first use equals the full forward's."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    drafter = build_adapld(target, AdaPLDConfig())
+    request = drafter.prefill_request()
+    assert request.topk == 0 and request.final_hidden
+    prompt = [5, 9, 12, 5, 40, 33, 5]
+    slot = target.allocate()
+    state = drafter.begin(prompt, target.prefill(slot, prompt[:-1], request), GenerationConfig())
+    assert state.known == 6 and not state.has_top.any()
+    with torch.no_grad():
+        probs = model(torch.tensor([prompt[:-1]])).logits[0].softmax(-1)
+    ids, p = drafter.top_of(state, 3)
+    assert ids.tolist() == probs[3].topk(drafter.top_k).indices.tolist()
+    assert np.allclose(p, probs[3].topk(drafter.top_k).values.numpy(), atol=1e-5)
+    assert state.has_top.tolist() == [False, False, False, True, False, False]

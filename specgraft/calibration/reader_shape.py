@@ -113,6 +113,7 @@ def save_shape(path: str | Path, identity: dict[str, Any], choice: ShapeChoice, 
         "verify_s": [round(t, 5) for t in verify_s],
         "draft_s": round(float(np.mean(record.draft_s)), 5) if record.draft_s else 0.0,
         "steps": len(record.draft),
+        "record": {"draft": record.draft, "widen": record.widen, "deep": record.deep, "draft_s": [round(t, 5) for t in record.draft_s]},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **extra,
     }
@@ -138,3 +139,17 @@ def load_shape(path: str | Path, identity: dict[str, Any] | None = None) -> dict
             raise ValueError(f"reader shape {str(path)!r} was tuned for another setup: " + ", ".join(diff))
     shape = data["shape"]
     return {k: int(shape[k]) for k in ("draft_nodes", "d_search", "d_deep")}
+
+
+def predict(path: str | Path, draft_nodes: int, d_search: int, d_deep: int) -> ShapeChoice:
+    """The prediction a ``specgraft tune`` file makes for any shape within its seed (to compare
+    with a measured run of that shape)."""
+    data = json.loads(Path(path).read_text())
+    rec = data["record"]
+    record = SlotRecord(rec["draft"], rec["widen"], rec["deep"], rec["draft_s"])
+    seed = data["seed_shape"]
+    if draft_nodes > seed["draft_nodes"] or d_search > seed["d_search"] or d_deep > seed["d_deep"]:
+        raise ValueError(f"shape ({draft_nodes}, {d_search}, {d_deep}) is outside the tuned seed shape {seed}")
+    n = draft_nodes + d_search + d_deep
+    return ShapeChoice(draft_nodes, d_search, d_deep, record.mean_tokens(draft_nodes, d_search, d_deep),
+                       float(np.mean(record.draft_s)) + data["verify_s"][n])

@@ -98,6 +98,12 @@ def tune(
             f"{c.predicted_step_s * 1000:.0f} ms/step, {c.predicted_tokens_per_s:.2f} tokens/s"
         )
     ar = 1.0 / verify_s[0]
+    from specgraft.drafters.reader_retrieval import ReaderConfig as Default
+
+    d = Default()
+    default = next((c for c in choices if (c.draft_nodes, c.d_search, c.d_deep) == (d.draft_nodes, d.d_search, d.d_deep)), None)
+    if default is not None:
+        console.print(f"default shape ({d.draft_nodes}, {d.d_search}, {d.d_deep}): {default.predicted_tokens_per_s:.2f} tokens/s predicted")
     identity = {"model": model, "draft_model": draft_model, "preset": preset, "device": str(decoder.target.device.type)}
     path = save_shape(out_path, identity, best, record, verify_s, seed, {
         "prompts": [p.id for p in prompts], "max_new_tokens": max_new_tokens, "datastores": list(stores),

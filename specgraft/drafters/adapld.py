@@ -11,9 +11,11 @@ context alone (prompt and generated tokens, the *memory* ``x_0 .. x_t``; ``x_t``
    that *preceded* the anchor token and the query); the best one is the anchor ``a``.
 3. **Main copy** (eq. 8-9), lexical anchors only: ``x_{a+1} .. x_{a+max_copy}`` (up to ``x_t``).
 4. **Branches** (eq. 10-12): the ``branch_k`` most likely next tokens of the target's own
-   distribution after ``x_a`` (kept from when the target computed it: the prefill for prompt
-   positions, the verify pass for generated ones; nothing is recomputed), minus the main
-   copy's first token, each a child of the root.
+   distribution after ``x_a``, minus the main copy's first token, each a child of the root.
+   For generated positions the verify pass computed that distribution and it is kept; for
+   prompt positions the prefill keeps the final hidden states and the logits of an anchor are
+   computed when it is first chosen (one output-embedding row, ~1% of a step), not the prompt's
+   whole ``[T, V]`` (on a 1,500-token prompt that costs ~3 s on the 2-core CPU).
 5. **Successors** (eq. 13-15): each branch token ``b`` is looked up like a query (lexical
    positions ``j`` with ``x_j == b``, else the semantic fallback), reranked by the cosine between
    the hidden state after ``x_{j-1}`` and the one after ``x_a`` (``b``'s context if it follows the
@@ -35,9 +37,11 @@ deterministic), so outputs are the target's.
   learned rate. All rates start from priors and learn per request (or across requests with
   ``Learning.SHARED``).
 - *Semantic threshold.* The text lost its value; the paper's sweep (0.0-0.8) found low to
-  moderate thresholds alike and high ones worse. ``threshold = 0.3`` here: Qwen2.5's input
-  embeddings put unrelated tokens at cosine ~0.0-0.15 and spelling variants (``" the"``,
-  ``"The"``) at ~0.3-0.6.
+  moderate thresholds alike and high ones worse. ``threshold = 0.5`` here, from Qwen2.5-Coder-1.5B's
+  input embeddings: 1,000 random token pairs have cosine median 0.16, p95 0.35, p99 0.44, while
+  variants of one word sit above 0.5 (``" return"``/``"return"`` 0.78, ``" cat"``/``" cats"``
+  0.69, ``"("``/``" ("`` 0.59, ``" run"``/``" running"`` 0.54; ``" the"``/``"The"`` 0.33 falls
+  below); a threshold of 0.3 would admit about one random token in ten.
 - *Reranking layer.* Table 6 takes each model's layer from PLD+'s sweep (the layer whose
   reranking best predicts the continuation on held-out text). ``RERANK_LAYERS`` holds the
   result of the same sweep for the catalog models (``specgraft.calibration.rerank_layer``;
@@ -54,7 +58,7 @@ after the best earlier ``3``, if any.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -91,7 +95,7 @@ class AdaPLDConfig:
     """Longest main copy (the paper's L = 30)."""
     branch_k: int = 8
     """Branch tokens from the anchor's next-token distribution (the paper's k = 8)."""
-    threshold: float = 0.3
+    threshold: float = 0.5
     """Cosine of input embeddings above which the semantic fallback takes a position (tau)."""
     layer: int | None = None
     """Hidden-state layer for reranking; None = ``default_layer`` for the target."""
@@ -147,13 +151,17 @@ class AdaPLDState:
     # the last proposal, for observe: tokens, parents, kinds, (n, depth, weight) per node
     last: tuple[list[int], list[int], list[int], list[tuple[int, int, float]]] | None = None
     anchors: dict[str, int] = field(default_factory=lambda: {"lexical": 0, "semantic": 0, "none": 0})
+    # [P, H] final hidden states of the prefilled prompt positions (their logits on demand), or None
+    prompt_final: torch.Tensor | None = None
+    # [cap] bool: top_ids/top_probs of the position are filled
+    has_top: np.ndarray | None = None
 
     def sync(self, context: Sequence[int]) -> np.ndarray:
         if len(context) > len(self.tokens):
             self.tokens = np.concatenate([self.tokens, np.asarray(context[len(self.tokens) :], dtype=np.int64)])
         return self.tokens
 
-    def append_rows(self, hidden: np.ndarray, top_ids: np.ndarray, top_probs: np.ndarray) -> None:
+    def append_rows(self, hidden: np.ndarray, top_ids: np.ndarray, top_probs: np.ndarray, filled: bool = True) -> None:
         n = len(hidden)
         if self.known + n > len(self.hidden):
             cap = max(2 * len(self.hidden), self.known + n)
@@ -165,6 +173,10 @@ class AdaPLDState:
         self.hidden[self.known : self.known + n] = hidden
         self.top_ids[self.known : self.known + n] = top_ids
         self.top_probs[self.known : self.known + n] = top_probs
+        if self.has_top is not None:
+            if len(self.has_top) < len(self.hidden):
+                self.has_top = np.concatenate([self.has_top, np.zeros(len(self.hidden) - len(self.has_top), dtype=bool)])
+            self.has_top[self.known : self.known + n] = filled
         self.known += n
 
 
@@ -190,8 +202,17 @@ class AdaPLDDrafter(StatelessDrafter):
     name: ClassVar[str] = "adapld"
     needs_hidden: ClassVar[bool] = True
 
-    def __init__(self, embeddings: torch.Tensor, layer: int, config: AdaPLDConfig = AdaPLDConfig(), learning: Learning = Learning.REQUEST):
+    def __init__(
+        self,
+        embeddings: torch.Tensor,
+        layer: int,
+        config: AdaPLDConfig = AdaPLDConfig(),
+        learning: Learning = Learning.REQUEST,
+        logits_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.config = config
+        # final hidden states [n, H] -> logits [n, V] (the target's output embedding)
+        self.logits_of = logits_of
         self.hidden_layer = layer
         self.embeddings = embeddings.detach()
         self.learning = Learning(learning)
@@ -207,6 +228,8 @@ class AdaPLDDrafter(StatelessDrafter):
         return max(self.config.branch_k + 1, 1)
 
     def prefill_request(self) -> PrefillRequest:
+        if self.logits_of is not None:
+            return PrefillRequest(hidden=True, hidden_layer=self.hidden_layer, final_hidden=self.config.branches)
         return PrefillRequest(topk=self.top_k, hidden=True, topk_probs=True, hidden_layer=self.hidden_layer)
 
     def begin(self, prompt: Sequence[int], prefill: PrefillOutput, config: GenerationConfig) -> AdaPLDState:
@@ -222,14 +245,35 @@ class AdaPLDDrafter(StatelessDrafter):
             successor_rate=self.successor_rate if shared else self.successor_rate.copy(),
         )
         if len(prompt) > 1:
-            if prefill.hidden is None or prefill.topk is None or prefill.topk_probs is None:
-                raise ValueError("AdaPLD needs the prefill's hidden states and top-k with probabilities (prefill_request)")
-            k = min(self.top_k, prefill.topk.shape[1])
-            ids = np.zeros((len(prefill.topk), self.top_k), dtype=np.int64)
-            probs = np.zeros((len(prefill.topk), self.top_k), dtype=np.float32)
-            ids[:, :k], probs[:, :k] = prefill.topk[:, :k].numpy(), prefill.topk_probs[:, :k].numpy()
+            if prefill.hidden is None:
+                raise ValueError("AdaPLD needs the prefill's hidden states (prefill_request)")
+            n = len(prefill.hidden)
+            ids = np.zeros((n, self.top_k), dtype=np.int64)
+            probs = np.zeros((n, self.top_k), dtype=np.float32)
+            if prefill.final_hidden is not None:
+                # the prompt's logits come on demand (top_of)
+                state.prompt_final = prefill.final_hidden
+                state.has_top = np.zeros(n, dtype=bool)
+                state.append_rows(_unit(prefill.hidden), ids, probs, filled=False)
+                return state
+            if prefill.topk is not None and prefill.topk_probs is not None:
+                k = min(self.top_k, prefill.topk.shape[1])
+                ids[:, :k], probs[:, :k] = prefill.topk[:, :k].numpy(), prefill.topk_probs[:, :k].numpy()
+            elif self.config.branches:
+                raise ValueError("AdaPLD's branches need the prefill's top-k or final hidden states (prefill_request)")
             state.append_rows(_unit(prefill.hidden), ids, probs)
         return state
+
+    def top_of(self, state: AdaPLDState, a: int) -> tuple[np.ndarray, np.ndarray]:
+        """The target's top-k ids and probabilities after position ``a`` (computed on first use for
+        a prompt position, kept from the verify pass for a generated one)."""
+        if state.has_top is not None and a < len(state.has_top) and not state.has_top[a]:
+            if self.logits_of is None or state.prompt_final is None:
+                raise ValueError(f"AdaPLD has no logits for prompt position {a}: build it with the target's logits_of")
+            ids, probs = _top(self.logits_of(state.prompt_final[a : a + 1]), self.top_k)
+            state.top_ids[a], state.top_probs[a] = ids[0], probs[0]
+            state.has_top[a] = True
+        return state.top_ids[a], state.top_probs[a]
 
     # -- retrieval ---------------------------------------------------------------------------
 
@@ -311,7 +355,8 @@ class AdaPLDDrafter(StatelessDrafter):
             main_first = tokens[0] if tokens else None
         if cfg.branches and a < state.known:
             c = state.branch_rate.rate(1, 1)
-            branch_ids = [(int(b), float(q)) for b, q in zip(state.top_ids[a], state.top_probs[a], strict=True) if int(b) != main_first]
+            top_ids, top_probs = self.top_of(state, a)
+            branch_ids = [(int(b), float(q)) for b, q in zip(top_ids, top_probs, strict=True) if int(b) != main_first]
             for b, q in branch_ids[: cfg.branch_k]:
                 node = len(tokens)
                 p_b = min(1.0, c * q)
@@ -379,4 +424,4 @@ def build_adapld(target: Any, config: AdaPLDConfig, learning: Learning = Learnin
         layer = default_layer(str(getattr(cfg, "model_type", "")), num_layers, int(getattr(cfg, "hidden_size", 0)))
     if not 1 <= layer < num_layers:
         raise ValueError(f"AdaPLD layer {layer} is not in 1 .. {num_layers - 1} for {target.name!r}")
-    return AdaPLDDrafter(target.input_embeddings(), layer, config, learning)
+    return AdaPLDDrafter(target.input_embeddings(), layer, config, learning, logits_of=target.logits_of)

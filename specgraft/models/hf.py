@@ -177,6 +177,12 @@ class HFTarget:
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
+    @torch.inference_mode()
+    def logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[n, V]`` float32 logits of final-layer hidden states ``[n, H]`` (a prefill's
+        ``final_hidden`` rows: the logits of a few prompt positions without the whole ``[T, V]``)."""
+        return self._logits(hidden)
+
     @property
     def num_layers(self) -> int:
         return int(self.config.num_hidden_layers)
@@ -217,6 +223,7 @@ class HFTarget:
         top: list[torch.Tensor] = []
         top_probs: list[torch.Tensor] = []
         hidden_parts: list[torch.Tensor] = []
+        final_parts: list[torch.Tensor] = []
         for start in range(0, len(tokens), self.prefill_chunk):
             chunk = list(tokens[start : start + self.prefill_chunk])
             n, length = len(chunk), self.length(slot)
@@ -241,11 +248,14 @@ class HFTarget:
                     top_probs.append((best.values - logits.logsumexp(dim=-1, keepdim=True)).exp().cpu())
             if request.hidden:
                 hidden_parts.append(hidden[0])
+            if request.final_hidden:
+                final_parts.append(final[0])
         empty_top = torch.empty(0, request.topk, dtype=torch.long)
         return PrefillOutput(
             topk=(torch.cat(top) if top else empty_top) if request.topk else None,
             hidden=(torch.cat(hidden_parts) if hidden_parts else None) if request.hidden else None,
             topk_probs=(torch.cat(top_probs) if top_probs else empty_top.float()) if request.topk and request.topk_probs else None,
+            final_hidden=(torch.cat(final_parts) if final_parts else None) if request.final_hidden else None,
         )
 
     def forward_rows(
