@@ -214,7 +214,7 @@ class BenchConfig:
         graft = GraftOptions(draft_model=self.draft_model, draft_dtype=self.dtype, preset=self.preset, calibration=self.calibration)
         if self.sample_drafts:
             graft = with_sampled_drafts(graft, self.temperature)
-        from specgraft.cli.generate import reader_config
+        from specgraft.methods.reader import reader_config
 
         reader = reader_config(self.reader_shape, self.model, self.draft_model, self.preset)
         return MethodOptions(

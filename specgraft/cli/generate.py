@@ -181,6 +181,8 @@ def generate(
     reader_shape: Optional[str] = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune`."),
 ) -> None:
     """Generate text with a speculative method, streaming it."""
+    from specgraft.methods.reader import reader_config
+
     graft = GraftOptions(
         draft_model=draft_model, draft_dtype=dtype, preset=preset, depth=draft_depth, top_k=draft_top_k, calibration=calibration
     )
@@ -195,18 +197,6 @@ def generate(
         ),
         threads=threads, device=device,
     )
-
-
-def reader_config(path: Optional[str], model: str, draft_model: Optional[str], preset: str):
-    """READER's tree shape: the ``specgraft tune`` file at ``path`` (checked against the target,
-    draft model and preset), else the defaults."""
-    from specgraft.drafters.reader_retrieval import ReaderConfig
-
-    if path is None:
-        return ReaderConfig()
-    from specgraft.calibration.reader_shape import load_shape
-
-    return ReaderConfig(**load_shape(path, {"model": model, "draft_model": draft_model, "preset": preset}))
 
 
 def split_paths(values: Optional[list[str]]) -> tuple[str, ...]:

@@ -34,6 +34,18 @@ def reads_datastores(name: str) -> bool:
     return READER_METHODS[name][2]
 
 
+def reader_config(path: str | None, model: str, draft_model: str | None, preset: str):
+    """READER's tree shape: the ``specgraft tune`` file at ``path`` (checked against the target,
+    draft model and preset), else ``ReaderConfig``'s defaults."""
+    from specgraft.drafters.reader_retrieval import ReaderConfig
+
+    if path is None:
+        return ReaderConfig()
+    from specgraft.calibration.reader_shape import load_shape
+
+    return ReaderConfig(**load_shape(path, {"model": model, "draft_model": draft_model, "preset": preset}))
+
+
 def load_method_datastores(paths: tuple[str, ...], vocab_size: int, tokenizer: Any = None) -> list:
     """The datastores at ``paths``, each checked against ``tokenizer`` (its vocabulary hash) when
     given, else against the target's vocabulary size."""
