@@ -19,7 +19,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specgraft.config import GenerationConfig, SamplingConfig
-from specgraft.detokenize import IncrementalDetokenizer
+from specgraft.detokenize import TextStream
 from specgraft.engine import SpecEngine
 from specgraft.methods import GRAFT_METHODS, MethodOptions, get_method, method_budget
 from specgraft.methods.graft import check_calibration_budget
@@ -49,17 +49,6 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase | None, model: PreTrainedModel) -
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return sorted(ids)
-
-
-def _stop_holdback(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
 
 
 class SpecDecoder:
@@ -215,52 +204,24 @@ class SpecDecoder:
         """
         config = self.resolve(config or self.make_config(**kw))
         ids = self.encode(prompt, chat)
-        stops = config.stop_strings
-        longest_stop = max((len(s) for s in stops), default=0)
-        detok = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else None
-        tokens: list[int] = []
-        shown = 0  # characters of detok.text yielded
-        stop_at: int | None = None  # character where the first stop string starts
+        text = TextStream(self.tokenizer, config.stop_strings)
         seq = self.engine.start(ids, config)
-        engine_tokens = 0
         try:
-            while not seq.done:
-                chunk = self.engine.step(seq)
-                engine_tokens += len(chunk)
-                # with stop strings token by token (to end exactly at the one completing a stop)
-                for piece_ids in ([[t] for t in chunk] if stops else [chunk]):
-                    tokens.extend(piece_ids)
-                    if detok is None:
-                        continue
-                    before = len(detok.text)
-                    if not detok.add(piece_ids) or not stops:
-                        continue
-                    # a stop string can only be found where it overlaps the new text
-                    start = max(0, before - longest_stop + 1)
-                    hits = [i for i in (detok.text.find(s, start) for s in stops) if i >= 0]
-                    if hits:
-                        stop_at = min(hits)
-                        break
-                if stop_at is not None:
-                    break
-                if detok is not None:
-                    end = len(detok.text) - _stop_holdback(detok.text, stops)
-                    if end > shown:
-                        yield detok.text[shown:end]
-                        shown = end
-            if detok is not None:
-                if stop_at is None:
-                    detok.flush()
-                end = len(detok.text) if stop_at is None else stop_at
-                if end > shown:
-                    yield detok.text[shown:end]
-                    shown = end
+            while not seq.done and not text.stopped:
+                piece = text.push(self.engine.step(seq))
+                if piece:
+                    yield piece
+            piece = text.close()
+            if piece:
+                yield piece
         finally:
             self.engine.finish(seq)
-            stats = seq.stats
-            stats.trim_last_step(engine_tokens - len(tokens))
-            text = detok.text[:shown] if detok is not None else ""
-            self.last_output = GenerationOutput(text=text, tokens=tokens, stats=stats, config=self.resolved_config(config))
+            self.last_output = self._output(text, seq.stats, config)
+
+    def _output(self, text: TextStream, stats: GenerationStats, config: GenerationConfig) -> GenerationOutput:
+        """A finished request's output; tokens dropped after a stop string leave the stats."""
+        stats.trim_last_step(text.dropped)
+        return GenerationOutput(text=text.text, tokens=text.tokens, stats=stats, config=self.resolved_config(config))
 
     def generate(self, prompt: str | Sequence[int], chat: bool = False, config: GenerationConfig | None = None, **kw) -> GenerationOutput:
         """Generate and return the text, the new token ids and the stats."""

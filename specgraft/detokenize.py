@@ -63,3 +63,97 @@ class IncrementalDetokenizer:
         self.text += new
         self.read_offset = len(self.ids)
         return new
+
+
+def stop_holdback(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string.
+
+    >>> stop_holdback("hello wor", ["world"]), stop_holdback("hello", ["world"])
+    (3, 0)
+    """
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+class TextStream:
+    """One request's text: token chunks in, text pieces out, stop strings applied.
+
+    :meth:`push` takes the tokens a step emitted and returns the text that is now final; text
+    that might be the start of a stop string is held back until it is decided. When a stop
+    string completes, :attr:`stopped` is set, the text ends before it and the tokens after the
+    one that completed it are dropped (:attr:`tokens` keeps the tokens up to that one).
+    :meth:`close` releases the rest. Without a tokenizer, only token ids are kept.
+
+    Example with stop ``"\\n\\n"``: pushing tokens that decode to ``"a\\n"`` yields ``"a"`` (the
+    ``"\\n"`` may start the stop string); pushing ``"\\nb"`` completes it: nothing more is
+    yielded, ``stopped`` is True and the text is ``"a"``.
+    """
+
+    def __init__(self, tokenizer, stops: Sequence[str] = ()):
+        self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
+        self.stops = tuple(stops)
+        self.longest_stop = max((len(s) for s in self.stops), default=0)
+        self.tokens: list[int] = []
+        self.received = 0
+        """Tokens pushed, including those dropped after a stop string."""
+        self.shown = 0
+        """Characters of the detokenizer's text released."""
+        self.stop_at: int | None = None
+
+    @property
+    def stopped(self) -> bool:
+        return self.stop_at is not None
+
+    @property
+    def text(self) -> str:
+        """The text released so far."""
+        return self.detok.text[: self.shown] if self.detok is not None else ""
+
+    @property
+    def dropped(self) -> int:
+        """Tokens pushed after the one that completed a stop string."""
+        return self.received - len(self.tokens)
+
+    def push(self, chunk: Sequence[int]) -> str:
+        """Add one step's tokens; return the text that became final (maybe empty)."""
+        self.received += len(chunk)
+        if self.stopped:
+            return ""
+        # with stop strings token by token (to end exactly at the one completing a stop)
+        for piece_ids in ([[t] for t in chunk] if self.stops else [list(chunk)]):
+            self.tokens.extend(piece_ids)
+            if self.detok is None:
+                continue
+            before = len(self.detok.text)
+            if not self.detok.add(piece_ids) or not self.stops:
+                continue
+            # a stop string can only be found where it overlaps the new text
+            start = max(0, before - self.longest_stop + 1)
+            hits = [i for i in (self.detok.text.find(s, start) for s in self.stops) if i >= 0]
+            if hits:
+                self.stop_at = min(hits)
+                return self._release(self.stop_at)
+        if self.detok is None:
+            return ""
+        return self._release(len(self.detok.text) - stop_holdback(self.detok.text, self.stops))
+
+    def close(self) -> str:
+        """The generation is over: release what was held back."""
+        if self.detok is None:
+            return ""
+        if self.stop_at is None:
+            self.detok.flush()
+            return self._release(len(self.detok.text))
+        return self._release(self.stop_at)
+
+    def _release(self, end: int) -> str:
+        if end <= self.shown:
+            return ""
+        piece = self.detok.text[self.shown : end]
+        self.shown = end
+        return piece

@@ -31,11 +31,11 @@ import torch
 
 from specgraft.composers.base import Composer, MergeComposer
 from specgraft.config import GenerationConfig
-from specgraft.drafters.base import Drafter
+from specgraft.drafters.base import Drafter, propose_all
 from specgraft.models.base import TargetModel
 from specgraft.models.hf import synchronize
 from specgraft.tree.build import truncate_depth
-from specgraft.types import DraftTree, GenerationStats, PrefillRequest, StepResult
+from specgraft.types import DraftTree, GenerationStats, PrefillRequest, RowsOutput, StepResult
 from specgraft.verify import verify
 
 
@@ -59,9 +59,19 @@ class SequenceState:
     started: float = 0.0
     done: bool = False
     """No more steps: EOS, ``max_new_tokens``, a stop, the context window's end, or finished."""
+    finish_reason: str | None = None
+    """Why it is done: ``"stop"`` (an EOS token), ``"length"`` (``max_new_tokens`` or the context
+    window's end), ``"cancelled"`` (:meth:`SpecEngine.finish` before it was done); the text
+    layer sets ``"stop"`` for a stop string."""
     released: bool = False
     """:meth:`SpecEngine.finish` has freed the slot and the drafters' states."""
     new_tokens: list[int] = field(default_factory=list)
+    last_tree_nodes: int = 0
+    """Nodes the last step verified (its tree's size)."""
+    last_accepted: list[int] = field(default_factory=list)
+    """Tree indices of the nodes the last step accepted."""
+    last_draft_s: float = 0.0
+    """Drafting time of the last step (shared by a batch's sequences)."""
 
 
 class SpecEngine:
@@ -142,24 +152,58 @@ class SpecEngine:
             self.finish(seq)
             raise
         seq.stats.prefill_s = self._now() - seq.started
-        seq.done = config.max_new_tokens == 0
+        if config.max_new_tokens == 0:
+            seq.done, seq.finish_reason = True, "length"
         return seq
 
     def step(self, seq: SequenceState) -> list[int]:
         """One speculative step; returns the tokens it emits (cut at EOS and ``max_new_tokens``)."""
-        config, stats = seq.config, seq.stats
-        # positions left in the context window after the root
-        room = self.target.max_positions - self.target.length(seq.slot) - 1
-        if seq.done or room < 0:
-            seq.done = True
-            return []
-        remaining = config.max_new_tokens - stats.new_tokens
+        return self.step_batch([seq])[0]
+
+    def step_batch(self, seqs: Sequence[SequenceState], budget: int | None = None) -> list[list[int]]:
+        """One speculative step of every sequence in ``seqs``, with one target forward for all.
+
+        Each sequence proposes its own tree (drafters that can, e.g. a draft model, draft for all
+        of them in one forward per layer: ``propose_batch``); the trees are padded to one shape
+        in one ``forward_batch`` (padding rows are masked out and never accepted); each sequence
+        is then verified, committed and observed on its own, with its own sampling generator.
+        So a sequence's output does not depend on what else is in the batch. ``budget`` caps
+        every sequence's budget this step (0 = plain decoding: no drafting, the root alone);
+        None leaves each sequence's own. Returns each sequence's emitted tokens (``[]`` for one
+        that is done). Timings: each sequence's stats count the shared draft and forward time.
+        """
+        emitted: list[list[int]] = [[] for _ in seqs]
+        live: list[tuple[int, SequenceState, int, int]] = []  # (index, seq, budget, max depth)
+        for b, seq in enumerate(seqs):
+            # positions left in the context window after the root
+            room = self.target.max_positions - self.target.length(seq.slot) - 1
+            if seq.done or room < 0:
+                seq.done = True
+                continue
+            remaining = seq.config.max_new_tokens - seq.stats.new_tokens
+            cap = seq.config.budget if budget is None else min(seq.config.budget, budget)
+            live.append((b, seq, min(cap, room), min(remaining - 1, room)))
+        if not live:
+            return emitted
         t0 = self._now()
-        tree = self.propose(seq, min(config.budget, room), max_depth=min(remaining - 1, room))
+        trees = self.propose_batch([seq for _, seq, _, _ in live], [n for *_, n, _ in live], [d for *_, d in live])
         t1 = self._now()
-        out = self.target.forward_tree(
-            seq.slot, seq.context[-1], tree, output_hidden=self.needs_hidden, hidden_layer=self.hidden_layer
+        outs = self.target.forward_batch(
+            [seq.slot for _, seq, _, _ in live],
+            [[seq.context[-1], *tree.tokens] for (_, seq, _, _), tree in zip(live, trees)],
+            [[-1, *(p + 1 for p in tree.parents)] for tree in trees],
+            output_hidden=self.needs_hidden,
+            hidden_layer=self.hidden_layer,
         )
+        t2 = self._now()
+        for (b, seq, _, _), tree, out in zip(live, trees, outs, strict=True):
+            emitted[b] = self._finish_step(seq, tree, out, draft_s=t1 - t0, forward_s=t2 - t1)
+        return emitted
+
+    def _finish_step(self, seq: SequenceState, tree: DraftTree, out: RowsOutput, draft_s: float, forward_s: float) -> list[int]:
+        """Verify, commit and observe one sequence's tree after the target scored it."""
+        config, stats = seq.config, seq.stats
+        remaining = config.max_new_tokens - stats.new_tokens
         t2 = self._now()
         result = verify(tree, out.logits, config.sampling, seq.generator)
         t3 = self._now()
@@ -172,21 +216,26 @@ class SpecEngine:
         t5 = self._now()
         emitted = self._cut(new, remaining, seq.eos)
         seq.new_tokens += emitted
+        seq.last_tree_nodes, seq.last_accepted, seq.last_draft_s = len(tree), list(result.accepted), draft_s
         stats.record_step(step, len(emitted))
-        stats.draft_s += t1 - t0
-        stats.forward_s += t2 - t1
+        stats.draft_s += draft_s
+        stats.forward_s += forward_s
         stats.verify_s += t3 - t2
         stats.commit_s += t4 - t3
         stats.observe_s += t5 - t4
         stats.total_s = t5 - seq.started
-        if len(emitted) < len(new) or (emitted and emitted[-1] in seq.eos) or stats.new_tokens >= config.max_new_tokens:
-            seq.done = True
+        if emitted and emitted[-1] in seq.eos:
+            seq.done, seq.finish_reason = True, "stop"
+        elif len(emitted) < len(new) or stats.new_tokens >= config.max_new_tokens:
+            seq.done, seq.finish_reason = True, "length"
         return emitted
 
     def finish(self, seq: SequenceState) -> None:
         """Free the sequence's slot and drafter states; its stats are final. Idempotent."""
         if seq.released:
             return
+        if not seq.done:
+            seq.finish_reason = "cancelled"
         seq.released = seq.done = True
         for d, state in zip(self.drafters, seq.drafter_states):
             d.end(state)
@@ -196,10 +245,24 @@ class SpecEngine:
     # -- the steps -----------------------------------------------------------------------------
 
     def propose(self, seq: SequenceState, budget: int, max_depth: int) -> DraftTree:
-        drafts = [d.propose(state, seq.context, budget) for d, state in zip(self.drafters, seq.drafter_states, strict=True)]
-        if not drafts:
-            return DraftTree.empty()
-        return truncate_depth(self.composer.build(drafts, budget), max_depth)
+        return self.propose_batch([seq], [budget], [max_depth])[0]
+
+    def propose_batch(self, seqs: Sequence[SequenceState], budgets: Sequence[int], max_depths: Sequence[int]) -> list[DraftTree]:
+        """Each sequence's tree: every drafter proposes for all sequences with a budget (in one
+        call, :func:`~specgraft.drafters.base.propose_all`), then the composer builds each tree.
+        A sequence with budget 0 (or no room below the root) decodes plainly: no drafter runs
+        for it this step; drafters catch up from the context at their next proposal."""
+        trees = [DraftTree.empty() for _ in seqs]
+        active = [b for b, (n, d) in enumerate(zip(budgets, max_depths, strict=True)) if n > 0 and d > 0]
+        if not self.drafters or not active:
+            return trees
+        per_drafter = [
+            propose_all(d, [seqs[b].drafter_states[i] for b in active], [seqs[b].context for b in active], [budgets[b] for b in active])
+            for i, d in enumerate(self.drafters)
+        ]
+        for j, b in enumerate(active):
+            trees[b] = truncate_depth(self.composer.build([drafts[j] for drafts in per_drafter], budgets[b]), max_depths[b])
+        return trees
 
     def observe(self, seq: SequenceState, step: StepResult) -> None:
         for d, state in zip(self.drafters, seq.drafter_states, strict=True):

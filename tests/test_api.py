@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from specgraft.api import SpecDecoder, _stop_holdback
+from specgraft.api import SpecDecoder
+from specgraft.detokenize import stop_holdback as _stop_holdback
 from specgraft.calibration.corpus import read_corpus
 from specgraft.calibration.warmup import warm_up_matrix
 from specgraft.detokenize import IncrementalDetokenizer

@@ -118,6 +118,31 @@ def test_batched_forward_and_commit_equal_single_sequences(tiny_model):
         assert_slot_equals_fresh_prefill(target, slot, prompt + [tree.tokens[i] for i in path])
 
 
+def test_batched_forward_over_scattered_slots(tiny_model):
+    """Slots that are not one range (a batch whose members joined at different times), in any
+    order: the same logits and commits as one slot at a time; a repeated slot is refused."""
+    rng = random.Random(5)
+    target = HFTarget(tiny_model)
+    slots = [target.allocate() for _ in range(5)]
+    prompts = {s: [rng.randrange(3, 96) for _ in range(rng.randrange(3, 12))] for s in slots}
+    for s, p in prompts.items():
+        target.prefill(s, p[:-1])
+    batch = [slots[3], slots[0], slots[4]]
+    trees = [random_tree(rng, n, 96) for n in (4, 7, 1)]
+    with pytest.raises(ValueError, match="distinct slots"):
+        target.forward_batch([slots[0], slots[0]], [[1], [1]], [[-1], [-1]])
+    outs = target.forward_batch(
+        batch, [[prompts[s][-1], *t.tokens] for s, t in zip(batch, trees)], [[-1, *(q + 1 for q in t.parents)] for t in trees]
+    )
+    for s, tree, out in zip(batch, trees, outs):
+        for i in range(len(tree)):
+            torch.testing.assert_close(out.logits[i + 1], plain_logits(tiny_model, prompts[s] + branch(tree, i)), rtol=1e-4, atol=1e-4)
+        target.commit(s, [0, 1])
+        assert_slot_equals_fresh_prefill(target, s, prompts[s] + [tree.tokens[0]])
+    for s in (slots[1], slots[2]):
+        assert_slot_equals_fresh_prefill(target, s, prompts[s][:-1])
+
+
 def test_slots_grow_and_are_reused(tiny_model):
     """Room grows by doubling, slots by doubling; a released slot is reused and starts empty."""
     target = HFTarget(tiny_model, capacity=4)

@@ -15,8 +15,10 @@ copies rows 5, 6 to 4, 5 and sets ``length = 6``. Row 3 (the root) is already in
 
 Single-sequence generation is the one-slot case of the same code. Buffers are inference
 tensors (made inside ``torch.inference_mode``), so every method that writes them runs in it. Forwards run over a
-contiguous range of slots (``slots = range(a, b)``), so that keys and values reach attention
-as views of the buffers, never as copies.
+set of slots; over a contiguous range (``slots = range(a, b)``, e.g. one sequence) keys and
+values reach attention as views of the buffers, over any other set (a batch whose members
+joined and left at different times) as one gather per layer (``[B, H, kv_len, D]``; on a CPU
+that is well under 1% of the weights a forward reads).
 
 :class:`SlotCache` subclasses ``transformers``' ``Cache``: the model calls
 ``past_key_values.update(keys, values, layer_idx)`` in every attention layer, as for its own
@@ -34,16 +36,27 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 @dataclass
 class Write:
-    """Where the next forward writes: slots ``start .. start + len(offsets) - 1``, ``rows`` new
-    rows each, the first at ``offsets[b]``; attention sees rows ``0 .. kv_len - 1``."""
+    """Where the next forward writes: slots ``slots``, ``rows`` new rows each, the first at
+    ``offsets[b]``; attention sees rows ``0 .. kv_len - 1``."""
 
-    start: int
+    slots: list[int]
     # [B] host ints: first row written per slot
     offsets: list[int]
     rows: int
     kv_len: int
     # [B, rows] row of every new row (only when the offsets differ), built once per forward
     row_index: torch.Tensor | None = None
+    # [B] the slots as a device tensor (only when they are not a contiguous range), built once
+    slot_index: torch.Tensor | None = None
+
+    @property
+    def contiguous(self) -> bool:
+        """The slots are ``start, start + 1, ...``: buffers are read as views.
+
+        >>> Write([2, 3], [0, 0], 1, 1).contiguous, Write([3, 1], [0, 0], 1, 1).contiguous
+        (True, False)
+        """
+        return self.slots == list(range(self.slots[0], self.slots[0] + len(self.slots)))
 
 
 class SlotLayer(CacheLayerMixin):
@@ -73,21 +86,29 @@ class SlotLayer(CacheLayerMixin):
         w = self.cache.write
         if w is None:
             raise RuntimeError("SlotCache.update outside a forward prepared by set_write")
-        stop = w.start + len(w.offsets)
-        if len(set(w.offsets)) == 1:
+        device = self.keys.device
+        if w.row_index is None and (len(set(w.offsets)) > 1 or not w.contiguous):
+            w.row_index = torch.tensor(w.offsets, device=device)[:, None] + torch.arange(w.rows, device=device)[None]
+        if not w.contiguous:
+            # [B] any slots: advanced indices write [B, n, H, D] and gather [B, H, kv_len, D]
+            if w.slot_index is None:
+                w.slot_index = torch.tensor(w.slots, device=device)
+            slot = w.slot_index
+            self.keys[slot[:, None], :, w.row_index] = key_states.transpose(1, 2)
+            self.values[slot[:, None], :, w.row_index] = value_states.transpose(1, 2)
+            return self.keys[slot, :, : w.kv_len], self.values[slot, :, : w.kv_len]
+        start, stop = w.slots[0], w.slots[0] + len(w.slots)
+        if w.row_index is None:
             off = w.offsets[0]
-            self.keys[w.start : stop, :, off : off + w.rows] = key_states
-            self.values[w.start : stop, :, off : off + w.rows] = value_states
+            self.keys[start:stop, :, off : off + w.rows] = key_states
+            self.values[start:stop, :, off : off + w.rows] = value_states
         else:
             # [B, n] slot and row of every new row; advanced indices around a slice put their
             # dimensions first: [B, n, H, D]
-            device = self.keys.device
-            if w.row_index is None:
-                w.row_index = torch.tensor(w.offsets, device=device)[:, None] + torch.arange(w.rows, device=device)[None]
-            slot = torch.arange(w.start, stop, device=device)[:, None]
+            slot = torch.arange(start, stop, device=device)[:, None]
             self.keys[slot, :, w.row_index] = key_states.transpose(1, 2)
             self.values[slot, :, w.row_index] = value_states.transpose(1, 2)
-        return self.keys[w.start : stop, :, : w.kv_len], self.values[w.start : stop, :, : w.kv_len]
+        return self.keys[start:stop, :, : w.kv_len], self.values[start:stop, :, : w.kv_len]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         # masks are always passed explicitly (models/hf.py); this answers what update returns
@@ -182,21 +203,24 @@ class SlotCache(Cache):
 
     # -- forwards ------------------------------------------------------------------------
 
-    def set_write(self, slots: range, rows: int) -> Write:
-        """Prepare a forward of ``rows`` new rows in each of ``slots`` (after their pending rows)."""
+    def set_write(self, slots: Sequence[int], rows: int) -> Write:
+        """Prepare a forward of ``rows`` new rows in each of ``slots`` (distinct; after their pending rows)."""
+        slots = [int(s) for s in slots]
+        if not slots or len(set(slots)) != len(slots):
+            raise ValueError(f"a forward needs distinct slots, got {slots}")
         for s in slots:
             self._check(s)
         offsets = [self.lengths[s] + self.pending[s] for s in slots]
         self.reserve(max(offsets) + rows)
-        self.write = Write(start=slots.start, offsets=offsets, rows=rows, kv_len=max(offsets) + rows)
+        self.write = Write(slots=slots, offsets=offsets, rows=rows, kv_len=max(offsets) + rows)
         return self.write
 
     def end_write(self, pending_rows: Sequence[int]) -> None:
         """After the forward: each slot of the write holds ``pending_rows[b]`` more pending rows."""
         w = self.write
         assert w is not None and len(pending_rows) == len(w.offsets)
-        for b, n in enumerate(pending_rows):
-            self.pending[w.start + b] += n
+        for slot, n in zip(w.slots, pending_rows):
+            self.pending[slot] += n
         self.write = None
 
     @torch.inference_mode()

@@ -75,3 +75,13 @@ class StatelessDrafter:
 
     def end(self, state: Any) -> None:
         pass
+
+
+def propose_all(drafter: Drafter, states: Sequence[Any], contexts: Sequence[Sequence[int]], budgets: Sequence[int]) -> list[Draft]:
+    """``drafter.propose`` for several sequences: in one call when the drafter has
+    ``propose_batch`` (a draft model drafts for all of them in one forward per layer), else one
+    sequence after another. Each sequence's draft is the one it would get alone."""
+    batch = getattr(drafter, "propose_batch", None)
+    if batch is not None and len(states) > 1:
+        return list(batch(states, contexts, budgets))
+    return [drafter.propose(s, c, n) for s, c, n in zip(states, contexts, budgets, strict=True)]

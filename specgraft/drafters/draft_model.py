@@ -76,7 +76,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, Sequence
+from typing import ClassVar, Generator, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -206,9 +206,21 @@ class DraftLanguageModel(Protocol):
 
     def forward_rows(self, slot: int, tokens: Sequence[int] | torch.Tensor, parent_rows: Sequence[int] | torch.Tensor) -> RowsOutput: ...
 
+    def forward_batch(
+        self, slots: Sequence[int], tokens: Sequence[Sequence[int] | torch.Tensor], parent_rows: Sequence[Sequence[int] | torch.Tensor]
+    ) -> list[RowsOutput]: ...
+
     def commit(self, slot: int, keep_rows: Sequence[int]) -> None: ...
 
     def discard(self, slot: int) -> None: ...
+
+
+@dataclass
+class _Rows:
+    """One draft forward a proposal asks for: new pending rows of its slot (``forward_rows``)."""
+
+    tokens: Sequence[int] | torch.Tensor
+    parents: Sequence[int] | torch.Tensor
 
 
 @dataclass
@@ -298,8 +310,61 @@ class DraftModelDrafter(StatelessDrafter):
         synchronize(self.lm.device)
         return time.perf_counter()
 
+    def propose_batch(self, states: Sequence[DraftState], contexts: Sequence[Sequence[int]], budgets: Sequence[int]) -> list[ModelDraft]:
+        """:meth:`propose` for several sequences, one draft forward per layer for all of them
+        (``forward_batch`` over their slots) instead of one per sequence and layer.
+
+        Each sequence drafts exactly as alone (its own gates, depth and sampler); a sequence
+        whose drafting stopped sits out the later forwards. Worked example: three sequences,
+        depth 4, the second gated after its root forward: forwards over 3, 2, 2, 2 slots.
+        """
+        drafts: list[ModelDraft | None] = [None] * len(states)
+        runs: dict[int, Generator[_Rows, RowsOutput, ModelDraft]] = {}
+        requests: dict[int, _Rows] = {}
+        for b, (state, context, budget) in enumerate(zip(states, contexts, budgets, strict=True)):
+            if budget <= 0:
+                drafts[b] = self.propose(state, context, budget)
+                continue
+            runs[b] = self._draft_steps(state, context)
+            self._advance(b, runs, requests, drafts, None)
+        while requests:
+            order = list(requests)
+            t0 = self._now()
+            outs = self.lm.forward_batch([states[b].slot for b in order], [requests[b].tokens for b in order], [requests[b].parents for b in order])
+            elapsed = self._now() - t0
+            requests.clear()
+            for b, out in zip(order, outs, strict=True):
+                states[b].forward_s.append(elapsed)
+                self._advance(b, runs, requests, drafts, out)
+        return [trim(d, budget) for d, budget in zip(drafts, budgets, strict=True)]  # type: ignore[arg-type]
+
+    @staticmethod
+    def _advance(b: int, runs: dict, requests: dict, drafts: list, out: RowsOutput | None) -> None:
+        """Run sequence ``b``'s drafting to its next forward request (or to its draft)."""
+        try:
+            requests[b] = runs[b].send(out)  # type: ignore[arg-type]
+        except StopIteration as done:
+            drafts[b] = done.value
+            del runs[b]
+
     def draft_pool(self, state: DraftState, context: Sequence[int]) -> ModelDraft:
         """Every drafted node, layer after layer, before trimming to a budget."""
+        run = self._draft_steps(state, context)
+        out: RowsOutput | None = None
+        while True:
+            try:
+                rows = run.send(out)  # type: ignore[arg-type]
+            except StopIteration as done:
+                return done.value
+            t0 = self._now()
+            out = self.lm.forward_rows(state.slot, rows.tokens, rows.parents)
+            state.forward_s.append(self._now() - t0)
+
+    def _draft_steps(self, state: DraftState, context: Sequence[int]) -> Generator[_Rows, RowsOutput, ModelDraft]:
+        """The drafting of one proposal as a coroutine: it yields each draft forward it needs
+        (:class:`_Rows`), is sent that forward's output, and returns the pool of nodes. The
+        drivers (:meth:`draft_pool` one sequence, :meth:`propose_batch` many) run the forwards
+        and time them."""
         cfg, lm, slot = self.config, self.lm, state.slot
         lm.discard(slot)  # a proposal never verified (propose called twice)
         state.forward_s = []
@@ -313,9 +378,7 @@ class DraftModelDrafter(StatelessDrafter):
         dev = lm.device
         # the tokens accepted since the last commit, then the root: a chain of pending rows
         pending = [int(t) for t in context[committed:]]
-        t0 = self._now()
-        out = lm.forward_rows(slot, pending, list(range(-1, len(pending) - 1)))
-        state.forward_s.append(self._now() - t0)
+        out = yield _Rows(pending, list(range(-1, len(pending) - 1)))
         # [1, V]
         log_q, q = self._distribution(state, out.logits[-1:])
         root_row = len(pending) - 1
@@ -357,9 +420,7 @@ class DraftModelDrafter(StatelessDrafter):
             order = torch.sort(flat, descending=True, stable=True).indices
             take = cfg.top_k if q is None else min(cfg.top_k, int(kept.sum()))  # sampled: never a duplicate
             order = order[:take]
-            t0 = self._now()
-            out = lm.forward_rows(slot, kids.flatten()[order], frontier_rows[order // k])
-            state.forward_s.append(self._now() - t0)
+            out = yield _Rows(kids.flatten()[order], frontier_rows[order // k])
             frontier_rows = rows_fed + torch.arange(take, device=dev)
             rows_fed += take
             frontier_nodes, frontier_scores = node_ids[order], flat[order]

@@ -49,6 +49,16 @@ class TargetModel(Protocol):
     ) -> RowsOutput:
         """Score the root (row 0) and every tree node (row ``i + 1``) in one pass."""
 
+    def forward_batch(
+        self,
+        slots: Sequence[int],
+        tokens: Sequence[Sequence[int] | torch.Tensor],
+        parent_rows: Sequence[Sequence[int] | torch.Tensor],
+        output_hidden: bool = False,
+        hidden_layer: int | None = None,
+    ) -> list[RowsOutput]:
+        """:meth:`forward_rows` for several slots (distinct, any order) in one forward."""
+
     def commit(self, slot: int, keep_rows: Sequence[int]) -> None:
         """Keep the pending rows ``keep_rows`` (a chain from the first pending row), drop the rest."""
 

@@ -196,7 +196,7 @@ class HFTarget:
             raise ValueError(f"hidden layer {layer} is not in 1 .. {self.num_layers - 1} (None = the final layer) for {self.name!r}")
 
     def _decode(
-        self, slots: range, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, layer: int | None = None
+        self, slots: Sequence[int], ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, layer: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One decoder forward over ``slots`` (the cache's write set up): ``[B, n, H]`` final
         hidden states (after the final norm) and those of ``layer`` (the final ones when None)."""
@@ -284,13 +284,13 @@ class HFTarget:
     @torch.inference_mode()
     def forward_batch(
         self,
-        slots: range,
+        slots: Sequence[int],
         tokens: Sequence[Sequence[int] | torch.Tensor],
         parent_rows: Sequence[Sequence[int] | torch.Tensor],
         output_hidden: bool = False,
         hidden_layer: int | None = None,
     ) -> list[RowsOutput]:
-        """:meth:`forward_rows` for the slots ``slots`` (a contiguous range) in one forward.
+        """:meth:`forward_rows` for the slots ``slots`` (distinct, any order) in one forward.
 
         Each slot's rows are padded to the longest; padding rows see only themselves, are
         written past the slot's pending rows and never become pending, so nothing ever sees
@@ -305,6 +305,8 @@ class HFTarget:
         """
         if len(tokens) != len(slots) or len(parent_rows) != len(slots):
             raise ValueError(f"{len(tokens)} token lists and {len(parent_rows)} parent lists for {len(slots)} slots")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a batch forward needs distinct slots, got {list(slots)}")
         self._check_layer(hidden_layer)
         dev = self.device
         for b, slot in enumerate(slots):

@@ -1,0 +1,239 @@
+"""How many nodes each sequence of a batch verifies: from measured forward costs and measured
+acceptance, including 0 (plain decoding) when speculation would not pay (READER Appendix F).
+
+A batch of ``B`` sequences verifying ``k`` nodes each is one target forward over ``B x (k + 1)``
+rows. With ``a_r`` the probability that the node of rank ``r`` (tree order; the composers emit
+nodes best-first) is accepted, a step emits ``E(k) = 1 + sum_{r < k} a_r`` tokens per sequence
+in expectation, so the predicted throughput is::
+
+    thr(B, k) = B * E(k) / (T(B, k + 1) + D(B, k))
+
+with ``T(B, n)`` the target forward of ``B x n`` rows (the :class:`CostTable`, measured by
+``specgraft profile``) and ``D`` the drafting time per step (measured online from the steps
+run; 0 at ``k = 0``, where no drafter runs). :class:`AdaptiveBudget` picks the ``k`` in
+``{0} + budgets`` that maximises it, per batch size, and recomputes when ``B`` changes or every
+``refresh`` steps. ``k = 0`` is plain batched decoding, so speculation never makes a batch
+slower than the cost table predicts plain decoding to be.
+
+Worked example (1.5B fp32 on this CPU): ``T(1, 1) = 0.30 s``, ``T(1, 9) = 0.50 s``; with
+``a = [0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.2, 0.1]`` (``E(8) = 4.1``) one sequence gets
+``thr(1, 8) = 8.2`` tokens/s against ``thr(1, 0) = 3.3``. At ``B = 8``, ``T(8, 1) = 0.68 s`` and
+``T(8, 9) = 2.4 s``: ``thr(8, 8) = 13.7`` against ``thr(8, 0) = 11.8``, so speculation still
+pays, but a method with ``a = [0.4, 0.2, 0.1]`` falls back to plain decoding there.
+
+The budget depends only on past steps (costs, acceptance counts), never on the values of the
+drafts it caps, so it keeps every verifier exact.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence
+
+#: Ranks whose acceptance is tracked (budgets beyond this reuse the last rank's rate).
+MAX_RANK = 128
+
+
+class BudgetPolicy(Protocol):
+    def budget(self, batch_size: int, budgets: Sequence[int]) -> int | None:
+        """The cap on every sequence's budget this step (None: each sequence's own)."""
+
+    def observe(self, batch_size: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
+        """One sequence's step: nodes verified, indices of the accepted nodes, drafting time."""
+
+
+class FixedBudget:
+    """Every sequence verifies its own budget (no cost model): single-sequence behaviour."""
+
+    def budget(self, batch_size: int, budgets: Sequence[int]) -> int | None:
+        return None
+
+    def observe(self, batch_size: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
+        pass
+
+
+@dataclass
+class CostTable:
+    """Measured seconds of one target forward over ``batch x rows`` new rows (after ``context``
+    cached tokens), on one device; interpolated linearly in rows, and in batch size between
+    measured sizes (extrapolated from the last two beyond them).
+
+    >>> t = CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}, 2: {1: 0.35, 9: 0.8}})
+    >>> round(t.cost(1, 5), 3), round(t.cost(2, 1), 3), round(t.cost(4, 1), 3)
+    (0.4, 0.35, 0.45)
+    """
+
+    model: str
+    device: str
+    # batch size -> rows per sequence -> seconds
+    seconds: dict[int, dict[int, float]]
+    context: int = 512
+    threads: int | None = None
+    dtype: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.seconds = {int(b): {int(n): float(s) for n, s in row.items()} for b, row in self.seconds.items()}
+        if not self.seconds or any(not row for row in self.seconds.values()):
+            raise ValueError("a cost table needs at least one measured forward per batch size")
+
+    def _rows_cost(self, batch: int, rows: int) -> float:
+        return _interp(self.seconds[batch], rows)
+
+    def cost(self, batch: int, rows: int) -> float:
+        """Seconds of one forward of ``batch`` sequences x ``rows`` rows each."""
+        sizes = sorted(self.seconds)
+        if batch in self.seconds:
+            return self._rows_cost(batch, rows)
+        return _interp({b: self._rows_cost(b, rows) for b in sizes}, batch)
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model, "device": self.device, "context": self.context, "threads": self.threads, "dtype": self.dtype,
+            "seconds": {str(b): {str(n): s for n, s in sorted(row.items())} for b, row in sorted(self.seconds.items())},
+            "meta": self.meta,
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostTable":
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls(
+                model=data["model"], device=data["device"], seconds=data["seconds"], context=data.get("context", 512),
+                threads=data.get("threads"), dtype=data.get("dtype", ""), meta=data.get("meta", {}),
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path} is not a specgraft cost table ({e})") from e
+
+
+def _interp(points: dict[int, float], x: int) -> float:
+    """Piecewise-linear through ``points``, extended linearly past the last two (and flat below the first)."""
+    xs = sorted(points)
+    if len(xs) == 1 or x <= xs[0]:
+        return points[xs[0]] if len(xs) == 1 or x >= xs[0] else points[xs[0]]
+    for lo, hi in zip(xs, xs[1:]):
+        if x <= hi:
+            return points[lo] + (points[hi] - points[lo]) * (x - lo) / (hi - lo)
+    lo, hi = xs[-2], xs[-1]
+    return points[hi] + (points[hi] - points[lo]) * (x - hi) / (hi - lo)
+
+
+@dataclass
+class Acceptance:
+    """Running counts of acceptance by node rank (tree order), with a prior.
+
+    ``rate(r)`` = (accepted at rank r + prior_weight * prior[r]) / (verified at rank r + prior_weight).
+
+    >>> a = Acceptance(prior=[0.5, 0.25], prior_weight=0)
+    >>> a.add(tree_nodes=2, accepted=[0]); a.add(tree_nodes=2, accepted=[0, 1])
+    >>> a.rate(0), a.rate(1), a.expected_tokens(2)
+    (1.0, 0.5, 2.5)
+    """
+
+    prior: list[float] = field(default_factory=lambda: [0.5 * 0.8**r for r in range(16)])
+    prior_weight: float = 8.0
+    verified: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
+    accepted: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
+
+    def add(self, tree_nodes: int, accepted: Sequence[int]) -> None:
+        for r in range(min(tree_nodes, MAX_RANK)):
+            self.verified[r] += 1
+        for r in accepted:
+            if r < MAX_RANK:
+                self.accepted[r] += 1
+
+    def rate(self, r: int) -> float:
+        r = min(r, MAX_RANK - 1)
+        prior = self.prior[min(r, len(self.prior) - 1)] if self.prior else 0.0
+        n = self.verified[r] + self.prior_weight
+        return (self.accepted[r] + self.prior_weight * prior) / n if n > 0 else prior
+
+    def expected_tokens(self, k: int) -> float:
+        """``E(k) = 1 + sum_{r < k} rate(r)``: tokens per step with ``k`` nodes (bonus included)."""
+        return 1.0 + sum(self.rate(r) for r in range(k))
+
+
+class AdaptiveBudget:
+    """Budget per batch size maximising predicted throughput (module docstring).
+
+    ``budgets`` are the candidate budgets (0 is always a candidate; none above a sequence's
+    own budget is used). ``draft_cost`` is the drafting time per step at budget > 0, learned
+    online per batch size from the steps run (an exponential average). While the choice is 0
+    nothing is drafted, so acceptance would stop updating: every ``explore`` steps at 0 one
+    step runs at the best positive budget to keep measuring.
+    """
+
+    def __init__(
+        self,
+        costs: CostTable,
+        acceptance: Acceptance | None = None,
+        budgets: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 60),
+        refresh: int = 16,
+        explore: int = 64,
+    ):
+        self.costs = costs
+        self.acceptance = acceptance if acceptance is not None else Acceptance()
+        self.budgets = sorted({int(b) for b in budgets if b > 0})
+        self.refresh, self.explore = refresh, explore
+        self.draft_s: dict[int, float] = {}
+        self._choice: dict[int, int] = {}
+        self._since: dict[int, int] = {}
+        self._idle: dict[int, int] = {}
+
+    def predicted(self, batch_size: int, k: int) -> float:
+        """Predicted tokens/s of the whole batch at budget ``k``."""
+        draft = 0.0 if k == 0 else self._draft_cost(batch_size)
+        return batch_size * self.acceptance.expected_tokens(k) / (self.costs.cost(batch_size, k + 1) + draft)
+
+    def _draft_cost(self, batch_size: int) -> float:
+        if batch_size in self.draft_s:
+            return self.draft_s[batch_size]
+        # not measured at this size yet: the nearest measured size's, scaled by nothing (an estimate)
+        if self.draft_s:
+            near = min(self.draft_s, key=lambda b: abs(b - batch_size))
+            return self.draft_s[near]
+        return 0.0
+
+    def best(self, batch_size: int, cap: int) -> int:
+        candidates = [0] + [b for b in self.budgets if b <= cap]
+        if cap not in candidates and cap > 0:
+            candidates.append(cap)
+        return max(candidates, key=lambda k: (self.predicted(batch_size, k), -k))
+
+    def budget(self, batch_size: int, budgets: Sequence[int]) -> int | None:
+        cap = max(budgets)
+        since = self._since.get(batch_size, 0)
+        if batch_size not in self._choice or since >= self.refresh:
+            self._choice[batch_size] = self.best(batch_size, cap)
+            self._since[batch_size] = 0
+        self._since[batch_size] = self._since.get(batch_size, 0) + 1
+        choice = min(self._choice[batch_size], cap)
+        if choice == 0 and self.explore:
+            self._idle[batch_size] = self._idle.get(batch_size, 0) + 1
+            if self._idle[batch_size] >= self.explore:
+                self._idle[batch_size] = 0
+                positive = [b for b in self.budgets if b <= cap] or [cap]
+                return max(positive, key=lambda k: self.predicted(batch_size, k))
+        return choice
+
+    def observe(self, batch_size: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
+        if tree_nodes == 0:
+            return
+        self.acceptance.add(tree_nodes, accepted)
+        old = self.draft_s.get(batch_size)
+        self.draft_s[batch_size] = draft_s if old is None else 0.9 * old + 0.1 * draft_s
+
+    def table(self, batch_sizes: Sequence[int], cap: int) -> list[dict]:
+        """Per batch size: the chosen budget and predicted throughput of it and of plain decoding."""
+        rows = []
+        for b in batch_sizes:
+            k = self.best(b, cap)
+            rows.append({"batch": b, "budget": k, "predicted_tok_s": self.predicted(b, k), "plain_tok_s": self.predicted(b, 0)})
+        return rows
+

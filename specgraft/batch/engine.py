@@ -1,0 +1,242 @@
+"""Continuous batching over :class:`~specgraft.engine.SpecEngine`: many requests, one target
+forward per step.
+
+A :class:`BatchEngine` keeps a queue of waiting requests and at most ``max_batch`` running
+sequences. Each :meth:`BatchEngine.step`:
+
+1. drops cancelled requests (their slots are freed now, at the step boundary);
+2. admits waiting requests while there is room: each is prefilled alone (its own forward) and
+   then decodes with the others;
+3. runs one speculative step for every running sequence with one target forward
+   (``SpecEngine.step_batch``: trees padded to one shape, per-sequence positions and masks,
+   a draft model drafting for all of them in one forward per layer), each tree capped by the
+   budget the :class:`~specgraft.batch.budget.BudgetPolicy` picks for this batch size
+   (0 = plain decoding, when speculation would not pay);
+4. returns one :class:`BatchEvent` per request that emitted tokens or finished; finished
+   sequences leave (their slots are reused by the next admitted request).
+
+Each sequence owns its cache slot, drafter states, sampling generator and stats, so its output
+does not depend on what else is in the batch: greedy outputs equal single-sequence decoding
+token for token, and a sampled request's tokens follow its own seed.
+
+Example::
+
+    batch = BatchEngine(engine, max_batch=4)
+    ids = [batch.submit(p, GenerationConfig(max_new_tokens=32)) for p in prompts]
+    outputs = batch.run_to_completion()        # request id -> BatchResult
+
+Thread-safety: :meth:`submit` and :meth:`cancel` may be called from any thread while another
+thread calls :meth:`step` (the server's event loop submits, its model thread steps).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+from specgraft.batch.budget import BudgetPolicy, FixedBudget
+from specgraft.config import GenerationConfig
+from specgraft.engine import SequenceState, SpecEngine
+from specgraft.types import GenerationStats
+
+
+@dataclass
+class BatchEvent:
+    """What one step did for one request."""
+
+    request_id: str
+    tokens: list[int]
+    """Tokens emitted this step (maybe none)."""
+    finished: bool = False
+    finish_reason: str | None = None
+    """``"stop"`` (EOS), ``"length"`` (``max_new_tokens`` or the context window), ``"cancelled"``,
+    ``"error"`` (the request could not start: :attr:`error` says why)."""
+    stats: GenerationStats | None = None
+    """The request's stats (final when ``finished``)."""
+    error: str | None = None
+
+
+@dataclass
+class BatchResult:
+    """A finished request: every token it emitted and its stats."""
+
+    request_id: str
+    tokens: list[int]
+    finish_reason: str | None
+    stats: GenerationStats | None
+    error: str | None = None
+
+
+@dataclass
+class BatchStepStats:
+    """Counters over a batch engine's life (the server's ``/metrics`` reads them)."""
+
+    steps: int = 0
+    """Batched steps run (one target forward each)."""
+    sequence_steps: int = 0
+    """Sum over steps of the sequences in the step."""
+    tokens: int = 0
+    """Tokens emitted."""
+    step_s: float = 0.0
+    """Time in steps (prefills of admitted requests included)."""
+    requests_started: int = 0
+    requests_finished: int = 0
+    budget_by_batch: dict[int, int] = field(default_factory=dict)
+    """The budget last used at each batch size."""
+
+    @property
+    def mean_batch(self) -> float:
+        return self.sequence_steps / self.steps if self.steps else 0.0
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: list[int]
+    config: GenerationConfig
+
+
+class QueueFull(RuntimeError):
+    """:meth:`BatchEngine.submit` with ``max_queue`` requests already waiting."""
+
+
+class BatchEngine:
+    """Requests in, :class:`BatchEvent` s out; one :class:`SpecEngine` shared by every sequence."""
+
+    def __init__(self, engine: SpecEngine, max_batch: int = 8, policy: BudgetPolicy | None = None, max_queue: int | None = None):
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if max_queue is not None and max_queue < 0:
+            raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        self.engine = engine
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.policy: BudgetPolicy = policy if policy is not None else FixedBudget()
+        self.running: dict[str, SequenceState] = {}
+        self.stats = BatchStepStats()
+        self._waiting: deque[_Request] = deque()
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def submit(self, prompt: Sequence[int], config: GenerationConfig = GenerationConfig(), request_id: str | None = None) -> str:
+        """Queue a request; it starts at a coming step. ``ValueError`` for a prompt the model
+        cannot take (empty, longer than the context window), :class:`QueueFull` when
+        ``max_queue`` requests wait already."""
+        self.engine.check_prompt(prompt)
+        with self._lock:
+            if request_id is None:
+                request_id = f"req-{next(self._ids)}"
+            if request_id in self.running or any(r.request_id == request_id for r in self._waiting):
+                raise ValueError(f"request id {request_id!r} is already in use")
+            if self.max_queue is not None and len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting (max_queue={self.max_queue})")
+            self._waiting.append(_Request(request_id, [int(t) for t in prompt], config))
+        return request_id
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request at the next step boundary (its slot is freed then). Unknown or finished
+        ids are ignored (a client may disconnect after its request ended)."""
+        with self._lock:
+            self._cancelled.add(request_id)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self.running)
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def step(self) -> list[BatchEvent]:
+        """Cancel, admit, run one batched step, retire finished sequences (module docstring)."""
+        t0 = time.perf_counter()
+        events = self._cancel_and_admit()
+        if self.running:
+            ids = list(self.running)
+            seqs = [self.running[i] for i in ids]
+            budget = self.policy.budget(len(seqs), [s.config.budget for s in seqs])
+            self.stats.budget_by_batch[len(seqs)] = budget if budget is not None else max(s.config.budget for s in seqs)
+            emitted = self.engine.step_batch(seqs, budget)
+            self.stats.steps += 1
+            self.stats.sequence_steps += len(seqs)
+            for rid, seq, tokens in zip(ids, seqs, emitted, strict=True):
+                self.stats.tokens += len(tokens)
+                self.policy.observe(len(seqs), seq.last_tree_nodes, seq.last_accepted, seq.last_draft_s)
+                if seq.done:
+                    events.append(self._retire(rid, tokens))
+                elif tokens:
+                    events.append(BatchEvent(rid, tokens, stats=seq.stats))
+        self.stats.step_s += time.perf_counter() - t0
+        return events
+
+    def _cancel_and_admit(self) -> list[BatchEvent]:
+        events: list[BatchEvent] = []
+        with self._lock:
+            cancelled, self._cancelled = self._cancelled, set()
+            kept = deque(r for r in self._waiting if r.request_id not in cancelled)
+            for r in self._waiting:
+                if r.request_id in cancelled:
+                    events.append(BatchEvent(r.request_id, [], finished=True, finish_reason="cancelled"))
+            self._waiting = kept
+        for rid in cancelled & set(self.running):
+            events.append(self._retire(rid, []))
+        while len(self.running) < self.max_batch:
+            with self._lock:
+                if not self._waiting:
+                    break
+                request = self._waiting.popleft()
+            try:
+                seq = self.engine.start(request.prompt, request.config)
+            except (ValueError, RuntimeError) as e:  # e.g. out of memory for the cache
+                events.append(BatchEvent(request.request_id, [], finished=True, finish_reason="error", error=str(e)))
+                continue
+            self.stats.requests_started += 1
+            self.running[request.request_id] = seq
+            if seq.done:  # max_new_tokens == 0
+                events.append(self._retire(request.request_id, []))
+        return events
+
+    def _retire(self, request_id: str, tokens: list[int]) -> BatchEvent:
+        seq = self.running.pop(request_id)
+        self.engine.finish(seq)
+        self.stats.requests_finished += 1
+        return BatchEvent(request_id, tokens, finished=True, finish_reason=seq.finish_reason, stats=seq.stats)
+
+    def close(self) -> list[BatchEvent]:
+        """Cancel everything (waiting and running) now; the events say so."""
+        with self._lock:
+            waiting, self._waiting = list(self._waiting), deque()
+        events = [BatchEvent(r.request_id, [], finished=True, finish_reason="cancelled") for r in waiting]
+        for rid in list(self.running):
+            events.append(self._retire(rid, []))
+        return events
+
+    # -- whole batches -------------------------------------------------------------------------
+
+    def events(self) -> Iterator[BatchEvent]:
+        """Step until nothing is waiting or running, yielding every event."""
+        while self.has_work:
+            yield from self.step()
+
+    def run_to_completion(self) -> dict[str, BatchResult]:
+        """Step until idle; every request's tokens, finish reason and stats by request id."""
+        tokens: dict[str, list[int]] = {}
+        results: dict[str, BatchResult] = {}
+        for ev in self.events():
+            tokens.setdefault(ev.request_id, []).extend(ev.tokens)
+            if ev.finished:
+                results[ev.request_id] = BatchResult(ev.request_id, tokens.pop(ev.request_id), ev.finish_reason, ev.stats, ev.error)
+        return results

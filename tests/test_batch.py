@@ -1,0 +1,203 @@
+"""Batched generation: a sequence's output never depends on what else is in the batch.
+
+Every method on the tiny fp32 models runs a randomized continuous-batching schedule (requests
+submitted at random steps, random lengths and budgets, a random cap on the batch, the budget
+cap changing every step, 0 included) and each request's greedy output must equal
+single-sequence ``ar`` token for token. Sampled requests keep their own seeds' outputs.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specgraft.batch import AdaptiveBudget, Acceptance, BatchEngine, CostTable, FixedBudget, QueueFull
+from specgraft.config import GenerationConfig, SamplingConfig
+from specgraft.engine import SpecEngine
+from specgraft.methods import MethodOptions, get_method
+from specgraft.models.hf import HFTarget
+
+from tests.conftest import TINY_MODELS
+from tests.test_draft_tree import perturbed
+from tests.test_greedy_lossless import make_prompts
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+METHODS = ("ar", "pld", "recycling", "ptd", "adapld", "draft-tree", "graft", "reader")
+
+
+class RandomCap:
+    """A budget policy that caps the batch's budget at a random value each step (0 included)."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.observed = 0
+
+    def budget(self, batch_size, budgets):
+        return self.rng.choice([None, 0, 1, 3, 8])
+
+    def observe(self, batch_size, tree_nodes, accepted, draft_s):
+        self.observed += 1
+
+
+def build(target: HFTarget, method: str, draft) -> SpecEngine:
+    drafters, composer = get_method(method).build(target, MethodOptions(), draft if get_method(method).needs_draft_model else None)
+    return SpecEngine(target, drafters, composer, method=method)
+
+
+def run_schedule(batch: BatchEngine, requests: list[tuple[list[int], GenerationConfig]], rng: random.Random) -> dict[str, list[int]]:
+    """Submit requests at random steps (a few at a time), step until all are done."""
+    todo = list(enumerate(requests))
+    ids: dict[int, str] = {}
+    outputs: dict[str, list[int]] = {}
+    finished: set[str] = set()
+    while todo or batch.has_work:
+        for _ in range(rng.randint(0, 2)):
+            if todo:
+                i, (prompt, config) = todo.pop(0)
+                ids[i] = batch.submit(prompt, config)
+        for ev in batch.step():
+            assert ev.request_id not in finished, "an event after the request finished"
+            outputs.setdefault(ev.request_id, []).extend(ev.tokens)
+            if ev.finished:
+                finished.add(ev.request_id)
+    assert finished == set(ids.values())
+    return {str(i): outputs.get(ids[i], []) for i in ids}
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+@pytest.mark.parametrize("method", METHODS)
+def test_batched_greedy_equals_single_ar(arch, method):
+    model = TINY_MODELS[arch]()
+    draft = perturbed(model)
+    target = HFTarget(model)
+    ar = build(target, "ar", None)
+    engine = build(target, method, draft)
+    rng = random.Random(hash((arch, method)) % 1000)
+    prompts = [p for p, _ in make_prompts(n=12, vocab=model.config.vocab_size)]
+    requests = [(p, GenerationConfig(max_new_tokens=rng.randint(1, 20), budget=rng.choice([4, 8, 16]))) for p in prompts]
+    expected = {str(i): ar.generate_ids(p, c) for i, (p, c) in enumerate(requests)}
+    batch = BatchEngine(engine, max_batch=rng.randint(2, 5), policy=RandomCap(rng.randrange(100)))
+    got = run_schedule(batch, requests, rng)
+    assert got == expected
+    assert batch.num_running == 0 and target.cache.num_slots >= 2
+    assert batch.stats.requests_finished == len(requests)
+    assert sum(len(v) for v in got.values()) == batch.stats.tokens
+    if method != "ar":
+        assert batch.stats.tokens > batch.stats.sequence_steps, "no draft was accepted in the whole schedule"
+
+
+def test_sampled_requests_keep_their_seeds():
+    """Per-request temperature, top-p and seed inside one batch: each request's tokens equal the
+    same request run alone (its generator is its own)."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    engine = build(target, "pld", None)
+    prompts = [p for p, _ in make_prompts(n=6, vocab=model.config.vocab_size)]
+    configs = [
+        GenerationConfig(max_new_tokens=12, budget=8, sampling=SamplingConfig(temperature=t, top_p=q, seed=s))
+        for t, q, s in [(0.7, 1.0, 1), (1.0, 0.9, 2), (0.0, 1.0, None), (1.3, 0.8, 3), (0.5, 1.0, 4), (1.0, 1.0, 5)]
+    ]
+    alone = [engine.generate_ids(p, c) for p, c in zip(prompts, configs)]
+    batch = BatchEngine(engine, max_batch=4)
+    ids = [batch.submit(p, c) for p, c in zip(prompts, configs)]
+    results = batch.run_to_completion()
+    assert [results[i].tokens for i in ids] == alone
+
+
+def test_sampled_law_in_a_batch():
+    """The first sampled token of a request batched with others follows the target's law
+    (statistical: ~0.1 TV)."""
+    model = TINY_MODELS["llama"](vocab=8)
+    target = HFTarget(model)
+    engine = build(target, "pld", None)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    with torch.no_grad():
+        p = model(torch.tensor([prompt])).logits[0, -1].softmax(-1)
+    batch = BatchEngine(engine, max_batch=8)
+    n = 240
+    ids = [batch.submit(prompt, GenerationConfig(max_new_tokens=2, budget=4, sampling=SamplingConfig(temperature=1.0, seed=s))) for s in range(n)]
+    results = batch.run_to_completion()
+    counts = torch.zeros(8)
+    for i in ids:
+        counts[results[i].tokens[0]] += 1
+    tv = 0.5 * (counts / n - p).abs().sum().item()
+    assert tv < 0.12, f"first-token law off by TV {tv:.3f}"
+
+
+def test_cancel_errors_and_queue():
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    engine = build(target, "pld", None)
+    batch = BatchEngine(engine, max_batch=2, max_queue=2)
+    a = batch.submit([5, 6, 7, 5, 6], GenerationConfig(max_new_tokens=50))
+    b = batch.submit([9, 10, 11], GenerationConfig(max_new_tokens=50))
+    with pytest.raises(QueueFull):
+        batch.submit([3, 4], GenerationConfig(max_new_tokens=5))
+    with pytest.raises(ValueError, match="empty"):
+        batch.submit([], GenerationConfig())
+    with pytest.raises(ValueError, match="context window"):
+        batch.submit([3] * (target.max_positions + 1), GenerationConfig())
+    with pytest.raises(ValueError, match="already in use"):
+        batch.submit([3], GenerationConfig(), request_id=a)
+    events = batch.step()
+    assert batch.num_running == 2
+    batch.cancel(a)
+    batch.cancel("never-submitted")
+    events += batch.step()
+    assert any(e.request_id == a and e.finished and e.finish_reason == "cancelled" for e in events)
+    assert batch.num_running == 1
+    c = batch.submit([4, 4, 4], GenerationConfig(max_new_tokens=0))
+    results = batch.run_to_completion()
+    before = sum(len(e.tokens) for e in events if e.request_id == b)
+    assert results[b].finish_reason == "length" and before + len(results[b].tokens) == 50
+    assert results[c].tokens == [] and results[c].finish_reason == "length"
+    assert target.cache.free and len(target.cache.free) == target.cache.num_slots, "every slot is free again"
+
+
+def test_close_cancels_everything():
+    target = HFTarget(TINY_MODELS["llama"]())
+    batch = BatchEngine(build(target, "ar", None), max_batch=1)
+    ids = [batch.submit([3, 4, 5], GenerationConfig(max_new_tokens=9)) for _ in range(3)]
+    batch.step()
+    events = batch.close()
+    assert sorted(e.request_id for e in events) == sorted(ids) and all(e.finish_reason == "cancelled" for e in events)
+    assert not batch.has_work
+
+
+def test_adaptive_budget_falls_back_when_speculation_does_not_pay():
+    costs = CostTable("m", "cpu", {1: {1: 0.30, 9: 0.50, 17: 0.70}, 8: {1: 0.68, 9: 2.4, 17: 4.4}})
+    good = AdaptiveBudget(costs, Acceptance(prior=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.2, 0.1], prior_weight=1e9), budgets=(4, 8, 16))
+    assert good.best(1, 16) > 0 and good.best(8, 16) > 0
+    assert round(good.predicted(1, 8), 1) == 8.2 and round(good.predicted(8, 8), 1) == 13.7  # the module docstring's figures
+    poor = AdaptiveBudget(costs, Acceptance(prior=[0.4, 0.2, 0.1], prior_weight=1e9), budgets=(4, 8, 16))
+    assert poor.best(1, 16) > 0 and poor.best(8, 16) == 0
+    assert poor.predicted(8, 0) > poor.predicted(8, 4)
+    # at 0 nothing is drafted; every `explore` steps one step measures a positive budget again
+    poor.explore = 3
+    choices = [poor.budget(8, [16]) for _ in range(6)]
+    assert choices.count(0) == 4 and all(c in (0, 4, 8, 16) for c in choices)
+
+
+def test_adaptive_budget_learns_acceptance_online():
+    costs = CostTable("m", "cpu", {1: {1: 0.3, 5: 0.42}})
+    policy = AdaptiveBudget(costs, Acceptance(prior=[0.0], prior_weight=1.0), budgets=(4,), refresh=1)
+    assert policy.best(1, 4) == 0
+    for _ in range(50):
+        policy.observe(1, 4, [0, 1, 2, 3], 0.0)
+    assert policy.best(1, 4) == 4
+
+
+def test_cost_table_round_trip(tmp_path):
+    t = CostTable("m", "cpu", {1: {1: 0.3, 8: 0.5}}, threads=2)
+    t.save(tmp_path / "c.json")
+    assert CostTable.load(tmp_path / "c.json").seconds == t.seconds
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a specgraft cost table"):
+        CostTable.load(tmp_path / "bad.json")
+
+
+def test_fixed_budget_is_single_sequence_behaviour():
+    assert FixedBudget().budget(4, [8, 3]) is None
