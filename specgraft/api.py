@@ -18,6 +18,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from specgraft.batch import BatchEngine, BudgetPolicy
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.detokenize import TextStream
 from specgraft.engine import SpecEngine
@@ -35,6 +36,9 @@ class GenerationOutput:
     tokens: list[int]
     stats: GenerationStats
     config: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str | None = None
+    """``"stop"`` (EOS or a stop string), ``"length"`` (``max_new_tokens`` or the context window),
+    ``"cancelled"``."""
 
 
 def eos_ids(tokenizer: PreTrainedTokenizerBase | None, model: PreTrainedModel) -> list[int]:
@@ -216,12 +220,69 @@ class SpecDecoder:
                 yield piece
         finally:
             self.engine.finish(seq)
-            self.last_output = self._output(text, seq.stats, config)
+            self.last_output = self._output(text, seq.stats, config, seq.finish_reason)
 
-    def _output(self, text: TextStream, stats: GenerationStats, config: GenerationConfig) -> GenerationOutput:
+    def _output(self, text: TextStream, stats: GenerationStats, config: GenerationConfig, reason: str | None) -> GenerationOutput:
         """A finished request's output; tokens dropped after a stop string leave the stats."""
         stats.trim_last_step(text.dropped)
-        return GenerationOutput(text=text.text, tokens=text.tokens, stats=stats, config=self.resolved_config(config))
+        reason = "stop" if text.stopped else reason
+        return GenerationOutput(text=text.text, tokens=text.tokens, stats=stats, config=self.resolved_config(config), finish_reason=reason)
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def batch_engine(self, max_batch: int = 8, policy: BudgetPolicy | None = None, max_queue: int | None = None) -> BatchEngine:
+        """A :class:`~specgraft.batch.BatchEngine` over this decoder's engine (token ids in,
+        events out; the server schedules requests into it). ``policy`` picks each step's budget
+        from the batch size (:class:`~specgraft.batch.AdaptiveBudget`); None verifies each
+        request's own budget."""
+        return BatchEngine(self.engine, max_batch=max_batch, policy=policy, max_queue=max_queue)
+
+    def generate_batch(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        chat: bool = False,
+        config: GenerationConfig | Sequence[GenerationConfig] | None = None,
+        max_batch: int = 8,
+        policy: BudgetPolicy | None = None,
+        **kw,
+    ) -> list[GenerationOutput]:
+        """Generate for every prompt, ``max_batch`` at a time in one target forward per step
+        (continuous batching: a finished request's place goes to the next prompt). ``config`` is
+        one config for all or one per prompt (keyword arguments as :meth:`make_config`). Each
+        output equals :meth:`generate` of its prompt alone (greedy token for token; sampled with
+        its own seed). Stop strings end a request at the step that completes them.
+
+        >>> outs = dec.generate_batch(["Hi", "Explain caches"], max_new_tokens=32)  # doctest: +SKIP
+        >>> [o.finish_reason for o in outs]  # doctest: +SKIP
+        ['stop', 'length']
+        """
+        if config is None:
+            configs = [self.make_config(**kw)] * len(prompts)
+        elif isinstance(config, GenerationConfig):
+            configs = [config] * len(prompts)
+        else:
+            configs = list(config)
+            if len(configs) != len(prompts):
+                raise ValueError(f"{len(configs)} configs for {len(prompts)} prompts")
+        configs = [self.resolve(c) for c in configs]
+        encoded = [self.encode(p, chat) for p in prompts]
+        batch = self.batch_engine(max_batch, policy)
+        texts = {batch.submit(ids, c, request_id=str(i)): TextStream(self.tokenizer, c.stop_strings) for i, (ids, c) in enumerate(zip(encoded, configs))}
+        outputs: dict[str, GenerationOutput] = {}
+        try:
+            for ev in batch.events():
+                text = texts[ev.request_id]
+                text.push(ev.tokens)
+                if text.stopped and not ev.finished:
+                    batch.cancel(ev.request_id)
+                if ev.finished:
+                    if ev.error is not None:
+                        raise ValueError(f"request {ev.request_id}: {ev.error}")
+                    text.close()
+                    outputs[ev.request_id] = self._output(text, ev.stats, configs[int(ev.request_id)], ev.finish_reason)
+        finally:
+            batch.close()
+        return [outputs[str(i)] for i in range(len(prompts))]
 
     def generate(self, prompt: str | Sequence[int], chat: bool = False, config: GenerationConfig | None = None, **kw) -> GenerationOutput:
         """Generate and return the text, the new token ids and the stats."""

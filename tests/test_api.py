@@ -7,7 +7,7 @@ from specgraft.api import SpecDecoder
 from specgraft.detokenize import stop_holdback as _stop_holdback
 from specgraft.calibration.corpus import read_corpus
 from specgraft.calibration.warmup import warm_up_matrix
-from specgraft.detokenize import IncrementalDetokenizer
+from specgraft.detokenize import IncrementalDetokenizer, TextStream
 from specgraft.drafters.recycling import SuccessorMatrix
 from specgraft.methods import METHODS
 from specgraft.models.hf import HFTarget
@@ -37,6 +37,38 @@ def test_stop_string_cuts_text_and_tokens(decoder):
     assert out.text == full.text[: full.text.find(stop)]
     s = out.stats
     assert s.new_tokens == len(out.tokens) == sum(k * v for k, v in s.tokens_per_step.items())
+
+
+def test_generate_batch_equals_generate_alone(decoder):
+    """Prompts of different lengths, stop strings and sampled requests in batches of 2: every
+    output (text, tokens, finish reason, tokens counted) equals the prompt generated alone."""
+    prompts = ["w5 w6 w7 w5 w6 w7 w5 w6", "w9 w10", "w11 w12 w13 w11 w12", "w7", "w20 w21 w22 w20 w21 w22"]
+    full = decoder.generate(prompts[0], max_new_tokens=16)
+    stop = " ".join(full.text.split()[3:5])
+    configs = [
+        decoder.make_config(max_new_tokens=16, stop=[stop]),
+        decoder.make_config(max_new_tokens=5),
+        decoder.make_config(max_new_tokens=12, temperature=0.8, seed=3),
+        decoder.make_config(max_new_tokens=0),
+        decoder.make_config(max_new_tokens=20, top_p=0.9, temperature=1.0, seed=4),
+    ]
+    alone = [decoder.generate(p, config=c) for p, c in zip(prompts, configs)]
+    batched = decoder.generate_batch(prompts, config=configs, max_batch=2)
+    for a, b in zip(alone, batched):
+        assert (b.text, b.tokens, b.finish_reason) == (a.text, a.tokens, a.finish_reason)
+        assert b.stats.new_tokens == len(b.tokens) == sum(k * v for k, v in b.stats.tokens_per_step.items())
+    assert batched[0].finish_reason == "stop" and batched[1].finish_reason == "length"
+    with pytest.raises(ValueError, match="2 configs for 5 prompts"):
+        decoder.generate_batch(prompts, config=configs[:2])
+
+
+def test_text_stream_holds_back_a_possible_stop():
+    tok = tiny_tokenizer()
+    ids = tok("w5 w6 w7 w8")["input_ids"]
+    text = TextStream(tok, stops=["w7 w8"])
+    pieces = [text.push([t]) for t in ids]
+    assert text.stopped and "".join(pieces) == text.text == tok.decode(ids[:2]) + " "
+    assert text.dropped == 0 and text.push([5]) == "" and text.dropped == 1
 
 
 def test_chat_template_and_bad_prompts(decoder):
