@@ -66,6 +66,8 @@ class SequenceState:
     released: bool = False
     """:meth:`SpecEngine.finish` has freed the slot and the drafters' states."""
     new_tokens: list[int] = field(default_factory=list)
+    last_budget: int = 0
+    """The budget the last step's drafters were given (0: plain decoding)."""
     last_tree_nodes: int = 0
     """Nodes the last step verified (its tree's size)."""
     last_accepted: list[int] = field(default_factory=list)
@@ -196,7 +198,8 @@ class SpecEngine:
             hidden_layer=self.hidden_layer,
         )
         t2 = self._now()
-        for (b, seq, _, _), tree, out in zip(live, trees, outs, strict=True):
+        for (b, seq, n, d), tree, out in zip(live, trees, outs, strict=True):
+            seq.last_budget = n if d > 0 else 0
             emitted[b] = self._finish_step(seq, tree, out, draft_s=t1 - t0, forward_s=t2 - t1)
         return emitted
 

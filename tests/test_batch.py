@@ -38,7 +38,7 @@ class RandomCap:
     def budget(self, batch_size, budgets):
         return self.rng.choice([None, 0, 1, 3, 8])
 
-    def observe(self, batch_size, tree_nodes, accepted, draft_s):
+    def observe(self, batch_size, budget, accepted, draft_s):
         self.observed += 1
 
 
@@ -201,3 +201,52 @@ def test_cost_table_round_trip(tmp_path):
 
 def test_fixed_budget_is_single_sequence_behaviour():
     assert FixedBudget().budget(4, [8, 3]) is None
+
+
+@pytest.mark.parametrize("module", ["batch.budget", "batch.profile", "cache.slots", "detokenize"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"specgraft.{module}"))
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_measure_costs_and_find_table(tmp_path, monkeypatch):
+    from specgraft.batch.profile import find_cost_table, measure_costs, table_name
+
+    target = HFTarget(TINY_MODELS["llama"]())
+    table = measure_costs(target, batch_sizes=(1, 3), rows=(1, 4), context=8, reps=1)
+    assert set(table.seconds) == {1, 3} and all(set(r) == {1, 4} and min(r.values()) > 0 for r in table.seconds.values())
+    assert target.cache.num_slots >= 3 and len(target.cache.free) == target.cache.num_slots, "slots released"
+    monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path))
+    assert find_cost_table("/models/tiny", "cpu", 2) is None
+    table.save(tmp_path / "costs" / table_name("/models/tiny", "cpu", 2))
+    assert find_cost_table("/models/tiny", "cpu", 2) == tmp_path / "costs" / "tiny-cpu-t2.json"
+    with pytest.raises(ValueError, match="exceed the context window"):
+        measure_costs(target, context=target.max_positions)
+
+
+def test_profile_and_bench_serve_cli(tmp_path, monkeypatch, capsys, tiny_model_dir):
+    import json
+
+    from tests.test_cli import run_cli
+
+    monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path))
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text("".join(json.dumps({"id": f"p{i}", "task": "t", "turns": [text]}) + "\n" for i, text in enumerate(["w5 w6 w7 w5 w6", "w9 w10 w11", "w4"])))
+    code, _, err = run_cli(monkeypatch, capsys, "profile", "--model", tiny_model_dir, "--batch-sizes", "1,2", "--rows", "1,3", "--context", "8", "--reps", "1", "--threads", "1")
+    assert code == 0, err
+    written = list((tmp_path / "costs").glob("*.json"))
+    assert len(written) == 1 and "wrote" in err
+    code, out, err = run_cli(
+        monkeypatch, capsys, "bench-serve", "--model", tiny_model_dir, "--methods", "pld", "--batch-sizes", "1,3",
+        "--suite", str(suite), "--max-new-tokens", "6", "--out", str(tmp_path / "bs"), "--threads", "1",
+    )
+    assert code == 0, err
+    rows = [json.loads(line) for line in (tmp_path / "bs" / "results.jsonl").read_text().splitlines()]
+    assert {(r["method"], r["batch"]) for r in rows} == {(m, b) for m in ("ar", "pld", "hf") for b in (1, 3)}
+    assert all(r["exact"] for r in rows if r["method"] != "hf") and all(r["tokens"] == 6 * r["prompts"] for r in rows)
+    assert json.loads((tmp_path / "bs" / "run.json").read_text())["cost_table"] == str(written[0])
+    code, _, err = run_cli(monkeypatch, capsys, "profile", "--model", tiny_model_dir, "--batch-sizes", "0")
+    assert code == 2 and "--batch-sizes must be integers >= 1" in err

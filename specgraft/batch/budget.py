@@ -40,8 +40,9 @@ class BudgetPolicy(Protocol):
     def budget(self, batch_size: int, budgets: Sequence[int]) -> int | None:
         """The cap on every sequence's budget this step (None: each sequence's own)."""
 
-    def observe(self, batch_size: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
-        """One sequence's step: nodes verified, indices of the accepted nodes, drafting time."""
+    def observe(self, batch_size: int, budget: int, accepted: Sequence[int], draft_s: float) -> None:
+        """One sequence's step: the budget its drafters had, tree indices of the accepted nodes,
+        the drafting time."""
 
 
 class FixedBudget:
@@ -50,7 +51,7 @@ class FixedBudget:
     def budget(self, batch_size: int, budgets: Sequence[int]) -> int | None:
         return None
 
-    def observe(self, batch_size: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
+    def observe(self, batch_size: int, budget: int, accepted: Sequence[int], draft_s: float) -> None:
         pass
 
 
@@ -128,10 +129,13 @@ def _interp(points: dict[int, float], x: int) -> float:
 class Acceptance:
     """Running counts of acceptance by node rank (tree order), with a prior.
 
-    ``rate(r)`` = (accepted at rank r + prior_weight * prior[r]) / (verified at rank r + prior_weight).
+    A step with budget ``k`` is an opportunity at ranks ``0 .. k - 1``, whether or not its
+    drafters filled them (a prompt-lookup method that finds no match drafts nothing), so
+    ``rate(r)`` is the probability that a node of rank ``r`` exists *and* is accepted:
+    ``(accepted at r + prior_weight * prior[r]) / (opportunities at r + prior_weight)``.
 
     >>> a = Acceptance(prior=[0.5, 0.25], prior_weight=0)
-    >>> a.add(tree_nodes=2, accepted=[0]); a.add(tree_nodes=2, accepted=[0, 1])
+    >>> a.add(budget=2, accepted=[0]); a.add(budget=2, accepted=[0, 1])
     >>> a.rate(0), a.rate(1), a.expected_tokens(2)
     (1.0, 0.5, 2.5)
     """
@@ -141,8 +145,8 @@ class Acceptance:
     verified: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
     accepted: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
 
-    def add(self, tree_nodes: int, accepted: Sequence[int]) -> None:
-        for r in range(min(tree_nodes, MAX_RANK)):
+    def add(self, budget: int, accepted: Sequence[int]) -> None:
+        for r in range(min(budget, MAX_RANK)):
             self.verified[r] += 1
         for r in accepted:
             if r < MAX_RANK:
@@ -222,10 +226,10 @@ class AdaptiveBudget:
                 return max(positive, key=lambda k: self.predicted(batch_size, k))
         return choice
 
-    def observe(self, batch_size: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
-        if tree_nodes == 0:
+    def observe(self, batch_size: int, budget: int, accepted: Sequence[int], draft_s: float) -> None:
+        if budget == 0:
             return
-        self.acceptance.add(tree_nodes, accepted)
+        self.acceptance.add(budget, accepted)
         old = self.draft_s.get(batch_size)
         self.draft_s[batch_size] = draft_s if old is None else 0.9 * old + 0.1 * draft_s
 

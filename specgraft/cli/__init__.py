@@ -1,4 +1,4 @@
-"""`specgraft generate | demo | models | warmup | calibrate | tune | datastore | bench | report`: the command line.
+"""`specgraft generate | demo | models | warmup | calibrate | tune | datastore | bench | report | profile | bench-serve`: the command line.
 
 Every failure a user can cause (bad value, unknown method, missing file, a model that cannot be
 pulled or loaded) prints one line ``error: ...`` on stderr and exits with status 2; no tracebacks.
@@ -11,6 +11,7 @@ import sys
 
 import typer
 
+from specgraft.cli.batch import bench_serve, profile
 from specgraft.cli.bench import bench, report
 from specgraft.cli.calibrate import calibrate
 from specgraft.cli.datastore import datastore_app
@@ -21,8 +22,9 @@ from specgraft.cli.tune import tune
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless speculative decoding for Hugging Face causal LMs.")
 app.add_typer(models_app, name="models")
 app.add_typer(datastore_app, name="datastore")
-for command in (generate, demo, warmup, calibrate, tune, bench, report):
+for command in (generate, demo, warmup, calibrate, tune, bench, report, profile):
     app.command()(command)
+app.command("bench-serve")(bench_serve)
 
 __all__ = ["DEMO_MODEL", "DEMO_PROMPT", "app", "main", "run_generate"]
 

@@ -1,0 +1,106 @@
+"""Measure a model's :class:`~specgraft.batch.budget.CostTable`: one forward of ``B x n`` rows.
+
+``specgraft profile --model M`` runs :func:`measure_costs` and writes the table; the batch
+engine's :class:`~specgraft.batch.budget.AdaptiveBudget` reads it to choose each batch size's
+budget. Shipped tables for the catalog models measured on the project's 2-core CPU live in
+``specgraft/data/costs/``; :func:`find_cost_table` prefers one the user measured (the cache
+directory), then a shipped one for the same model, device type and thread count.
+
+Every slot is prefilled with ``context`` tokens, then each ``(B, n)`` forward feeds ``n`` chain
+rows to each of ``B`` slots and is discarded, so every measurement sees the same cache. Sizes are
+interleaved across repetitions (a drift of the machine's speed spreads over all of them), the
+first round is a warm-up, and the median is kept. Example::
+
+    table = measure_costs(HFTarget(model), batch_sizes=(1, 2, 4), rows=(1, 4, 8), context=256)
+    table.cost(4, 8)          # seconds of one forward of 4 x 8 rows
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from specgraft.batch.budget import CostTable
+from specgraft.models.hf import HFTarget, synchronize
+
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "costs"
+
+
+def user_cost_dir() -> Path:
+    return Path(os.environ.get("SPECGRAFT_CACHE", Path.home() / ".cache" / "specgraft")) / "costs"
+
+
+def table_name(model: str, device: str, threads: int | None) -> str:
+    """File name of a model's table: ``<model>-<device type>[-t<threads>].json``.
+
+    >>> table_name("/x/qwen2.5-coder-1.5b-instruct", "cpu", 2)
+    'qwen2.5-coder-1.5b-instruct-cpu-t2.json'
+    """
+    base = Path(model.rstrip("/")).name or model
+    return f"{base}-{device.split(':')[0]}" + (f"-t{threads}" if device.startswith("cpu") and threads else "") + ".json"
+
+
+def find_cost_table(model: str, device: str, threads: int | None = None) -> Path | None:
+    """The table to use for ``model`` on ``device``: the user's measured one, else a shipped one."""
+    name = table_name(model, device, threads)
+    for folder in (user_cost_dir(), SHIPPED_DIR):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+@torch.inference_mode()
+def measure_costs(
+    target: HFTarget,
+    batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    rows: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    context: int = 512,
+    reps: int = 3,
+    progress: Callable[[str], None] | None = None,
+) -> CostTable:
+    """Median seconds of a forward of ``B x n`` rows after ``context`` cached tokens per slot."""
+    if not batch_sizes or not rows or min(batch_sizes) < 1 or min(rows) < 1:
+        raise ValueError(f"batch sizes and rows must be >= 1, got {list(batch_sizes)} and {list(rows)}")
+    if context + max(rows) > target.max_positions:
+        raise ValueError(f"context {context} + {max(rows)} rows exceed the context window of {target.max_positions}")
+    rng = random.Random(0)
+    vocab = target.vocab_size
+    slots = [target.allocate() for _ in range(max(batch_sizes))]
+    try:
+        target.reserve(context + max(rows))
+        for i, slot in enumerate(slots):
+            if progress:
+                progress(f"prefill slot {i + 1}/{len(slots)} ({context} tokens)")
+            target.prefill(slot, [rng.randrange(vocab) for _ in range(context)])
+        times: dict[tuple[int, int], list[float]] = {(b, n): [] for b in batch_sizes for n in rows}
+        for rep in range(reps + 1):
+            if progress:
+                progress(f"round {rep}/{reps}" + (" (warm-up)" if rep == 0 else ""))
+            for b in batch_sizes:
+                for n in rows:
+                    batch = slots[:b]
+                    tokens = [[rng.randrange(vocab) for _ in range(n)] for _ in batch]
+                    parents = [list(range(-1, n - 1))] * b
+                    synchronize(target.device)
+                    t0 = time.perf_counter()
+                    target.forward_batch(batch, tokens, parents)
+                    synchronize(target.device)
+                    elapsed = time.perf_counter() - t0
+                    for slot in batch:
+                        target.discard(slot)
+                    if rep:
+                        times[(b, n)].append(elapsed)
+    finally:
+        for slot in slots:
+            target.release(slot)
+    seconds: dict[int, dict[int, float]] = {b: {n: statistics.median(times[(b, n)]) for n in rows} for b in batch_sizes}
+    return CostTable(
+        model=target.name, device=str(target.device), seconds=seconds, context=context, threads=torch.get_num_threads(),
+        dtype=str(target.dtype).replace("torch.", ""), meta={"reps": reps, "measured": time.strftime("%Y-%m-%d %H:%M")},
+    )

@@ -1,0 +1,206 @@
+"""``specgraft bench-serve``: throughput and latency of batched generation at several batch sizes.
+
+For each batch size ``B`` and method, every prompt of the suite (first turns) is generated with
+at most ``B`` in flight (continuous batching: a finished request's place goes to the next
+prompt), all submitted at once; the row records tokens/s over the whole set, per-request
+latency (submit to last token: queueing included, as a server's client sees it), the budget the
+:class:`~specgraft.batch.AdaptiveBudget` used at ``B`` and its predicted tokens/s, memory (RSS,
+the KV caches' bytes), and whether every output equals single-sequence ``ar`` token for token.
+``hf`` is Hugging Face ``generate`` on left-padded batches of ``B`` prompts (greedy, the same
+lengths), the peer a user would reach for; its outputs are compared too (padding changes
+numerics, so a divergence there is the peer's, not ours).
+
+Every generation runs ``max_new_tokens`` tokens (EOS is an ordinary token), so every method and
+batch size does the same work. Speed is a ratio against batched ``ar`` at the same ``B`` in
+the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from specgraft.batch import AdaptiveBudget, CostTable
+
+
+@dataclass
+class BatchRow:
+    method: str
+    batch: int
+    prompts: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float
+    latency_p50_s: float
+    latency_max_s: float
+    mat: float
+    exact: bool
+    budget: int | None = None
+    predicted_tokens_per_s: float | None = None
+    rss_mb: float = 0.0
+    kv_mb: float = 0.0
+    ratio_vs_ar: float | None = None
+    acceptance_by_source: dict[str, float] = field(default_factory=dict)
+
+
+def rss_mb() -> float:
+    """Resident memory of this process now (``VmRSS``), MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def kv_mb(*adapters: Any) -> float:
+    """Bytes held by the slot caches' key and value buffers, MB."""
+    total = 0
+    for a in adapters:
+        for layer in getattr(getattr(a, "cache", None), "layers", []):
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if t is not None:
+                    total += t.numel() * t.element_size()
+    return total / 2**20
+
+
+def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, policy) -> tuple[list[list[int]], list[float], float, Any]:
+    """Generate every prompt with at most ``max_batch`` in flight; outputs, latencies, wall time, stats."""
+    batch = decoder.batch_engine(max_batch=max_batch, policy=policy)
+    t0 = time.perf_counter()
+    ids = [batch.submit(p, config) for p in prompts]
+    results = {}
+    latency = {}
+    tokens: dict[str, list[int]] = {}
+    stats = []
+    for ev in batch.events():
+        tokens.setdefault(ev.request_id, []).extend(ev.tokens)
+        if ev.finished:
+            if ev.error:
+                raise RuntimeError(f"request {ev.request_id} failed: {ev.error}")
+            latency[ev.request_id] = time.perf_counter() - t0
+            results[ev.request_id] = tokens.pop(ev.request_id)
+            stats.append(ev.stats)
+    wall = time.perf_counter() - t0
+    return [results[i] for i in ids], [latency[i] for i in ids], wall, (stats, batch)
+
+
+def hf_padded(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: int, pad_id: int) -> tuple[list[list[int]], list[float], float]:
+    """Hugging Face ``generate`` on left-padded batches of ``batch`` prompts (greedy, no EOS stop)."""
+    outs: list[list[int]] = []
+    lat: list[float] = []
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        group = prompts[i : i + batch]
+        width = max(len(p) for p in group)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in group], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=model.device)
+        with torch.inference_mode():
+            out = model.generate(
+                ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+                eos_token_id=None, pad_token_id=pad_id,
+            )
+        outs += out[:, width:].tolist()
+        lat += [time.perf_counter() - t0] * len(group)
+    return outs, lat, time.perf_counter() - t0
+
+
+def bench_batches(
+    decoders: dict[str, Any],
+    prompts: Sequence[list[int]],
+    batch_sizes: Sequence[int],
+    max_new_tokens: int,
+    costs: CostTable | None,
+    hf: bool = True,
+    log: Callable[[str], None] = print,
+) -> list[BatchRow]:
+    """Every method in ``decoders`` (``ar`` first) at every batch size; see the module docstring."""
+    from specgraft.api import SpecDecoder
+
+    ar = decoders["ar"]
+    config = SpecDecoder.make_config(max_new_tokens=max_new_tokens, stop_on_eos=False)
+    log(f"reference: single-sequence ar on {len(prompts)} prompts")
+    reference = [ar.generate(p, config=config).tokens for p in prompts]
+    rows: list[BatchRow] = []
+    for b in batch_sizes:
+        ar_tps = None
+        for name, dec in decoders.items():
+            policy = AdaptiveBudget(costs) if costs is not None and name != "ar" else None
+            cfg = dec.resolve(config)
+            outs, lat, wall, (stats, batch) = run_batched(dec, prompts, cfg, b, policy)
+            total = sum(len(o) for o in outs)
+            steps = sum(s.steps for s in stats)
+            proposed: dict[str, int] = {}
+            accepted: dict[str, int] = {}
+            for s in stats:
+                for k, v in s.proposed_by_source.items():
+                    proposed[k] = proposed.get(k, 0) + v
+                for k, v in s.accepted_by_source.items():
+                    accepted[k] = accepted.get(k, 0) + v
+            used = batch.stats.budget_by_batch.get(b)
+            row = BatchRow(
+                method=name, batch=b, prompts=len(prompts), tokens=total, wall_s=wall, tokens_per_s=total / wall,
+                latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=total / steps if steps else 0.0,
+                exact=outs == reference, budget=used if name != "ar" else 0,
+                predicted_tokens_per_s=_predicted(costs, policy, b, used),
+                rss_mb=rss_mb(), kv_mb=kv_mb(dec.target, *(getattr(d, "lm", None) for d in dec.engine.drafters)),
+                acceptance_by_source={k: accepted.get(k, 0) / v for k, v in proposed.items() if v},
+            )
+            if name == "ar":
+                ar_tps = row.tokens_per_s
+            row.ratio_vs_ar = row.tokens_per_s / ar_tps if ar_tps else None
+            rows.append(row)
+            log(_line(row))
+        if hf:
+            model = ar.model
+            pad = (ar.engine.eos_token_ids and min(ar.engine.eos_token_ids)) or 0
+            outs, lat, wall = hf_padded(model, prompts, max_new_tokens, b, pad)
+            total = sum(len(o) for o in outs)
+            row = BatchRow(
+                method="hf", batch=b, prompts=len(prompts), tokens=total, wall_s=wall, tokens_per_s=total / wall,
+                latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=1.0, exact=outs == reference,
+                rss_mb=rss_mb(), ratio_vs_ar=(total / wall) / ar_tps if ar_tps else None,
+            )
+            rows.append(row)
+            log(_line(row))
+    return rows
+
+
+def _predicted(costs: CostTable | None, policy: AdaptiveBudget | None, batch: int, budget: int | None) -> float | None:
+    """The policy's prediction at the budget it used (its acceptance as learned by the end of the
+    run); plain decoding (``ar``): ``B / T(B, 1)``."""
+    if costs is None:
+        return None
+    if policy is None or budget is None:
+        return batch / costs.cost(batch, 1)
+    return policy.predicted(batch, budget)
+
+
+def _line(r: BatchRow) -> str:
+    pred = f", predicted {r.predicted_tokens_per_s:.2f}" if r.predicted_tokens_per_s else ""
+    return (
+        f"B={r.batch} {r.method:<12} {r.tokens_per_s:6.2f} tok/s ({r.ratio_vs_ar or 0:.2f}x ar){pred}, budget {r.budget}, "
+        f"MAT {r.mat:.2f}, p50 latency {r.latency_p50_s:.1f} s, exact {r.exact}, RSS {r.rss_mb:.0f} MB, KV {r.kv_mb:.0f} MB"
+    )
+
+
+def write_rows(rows: Sequence[BatchRow], out: str | Path, meta: dict) -> Path:
+    """``results.jsonl``, ``run.json`` and ``report.md`` (a table per batch size) in ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
+    lines = ["| B | method | tok/s | x ar | predicted tok/s | budget | MAT | p50 latency s | exact | RSS MB | KV MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        pred = f"{r.predicted_tokens_per_s:.2f}" if r.predicted_tokens_per_s else ""
+        lines.append(
+            f"| {r.batch} | {r.method} | {r.tokens_per_s:.2f} | {r.ratio_vs_ar or 0:.2f} | {pred} | {r.budget if r.budget is not None else ''} | "
+            f"{r.mat:.2f} | {r.latency_p50_s:.1f} | {r.exact} | {r.rss_mb:.0f} | {r.kv_mb:.0f} |"
+        )
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return out / "report.md"

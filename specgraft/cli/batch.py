@@ -1,0 +1,123 @@
+"""`specgraft profile | bench-serve`: a model's batched forward costs, and batched throughput.
+
+Examples (2-core CPU; minutes)::
+
+    specgraft profile --model qwen2.5-coder-1.5b-instruct --threads 2
+    specgraft bench-serve --model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct \\
+        --methods ar,pld,recycling,draft-tree --batch-sizes 1,2,4,8 --suite spec-bench:1 --out benchmarks/results-batch
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be a comma list of integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{what} must be integers >= 1, got {text!r}")
+    return values
+
+
+def profile(
+    model: str = typer.Option(..., "--model", "-m", help="Model: catalog name, local directory or Hugging Face id."),
+    batch_sizes: str = typer.Option("1,2,4,8", "--batch-sizes", help="Comma list of batch sizes."),
+    rows: str = typer.Option("1,2,4,8,16,32", "--rows", help="Comma list of rows per sequence (a tree of n - 1 nodes + the root)."),
+    context: int = typer.Option(512, "--context", help="Cached tokens per sequence before each measured forward."),
+    reps: int = typer.Option(3, "--reps", help="Measured rounds (after one warm-up round); the median is kept."),
+    out_path: Optional[str] = typer.Option(None, "--out", help="Table JSON to write (default: the user cost directory, where serve and bench-serve look)."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, bfloat16, float16 or float32."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (recorded; tables are looked up by thread count)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+) -> None:
+    """Measure one target forward of B x n rows for every batch size B and row count n (the cost
+    table the batch engine chooses its budgets from)."""
+    from rich.console import Console
+
+    from specgraft.batch.profile import measure_costs, table_name, user_cost_dir
+    from specgraft.cli.generate import set_threads
+    from specgraft.models.hf import HFTarget, load_causal_lm, resolve_device
+    from specgraft.models.resolve import load_errors, resolve_model
+
+    console = Console(stderr=True)
+    sizes, counts = _ints(batch_sizes, "--batch-sizes"), _ints(rows, "--rows")
+    if reps < 1 or context < 1:
+        raise ValueError("--reps and --context must be >= 1")
+    set_threads(threads)
+    dev = resolve_device(device)
+    path = resolve_model(model)
+    with load_errors(model):
+        target = HFTarget(load_causal_lm(path, dtype, dev))
+    with console.status("profiling") as status:
+        table = measure_costs(target, sizes, counts, context=context, reps=reps, progress=status.update)
+    import torch
+
+    dest = out_path or str(user_cost_dir() / table_name(str(path), str(dev), torch.get_num_threads()))
+    table.save(dest)
+    for b in sizes:
+        console.print(f"B={b}: " + ", ".join(f"{n} rows {1000 * table.seconds[b][n]:.0f} ms" for n in counts), highlight=False)
+    console.print(f"wrote {dest}", highlight=False)
+
+
+def bench_serve(
+    model: str = typer.Option(..., "--model", "-m", help="Target: catalog name, local directory or Hugging Face id."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model for draft-model methods."),
+    methods: str = typer.Option("ar,pld,recycling", "--methods", help="Comma list of methods (ar always runs first)."),
+    batch_sizes: str = typer.Option("1,2,4,8", "--batch-sizes", help="Comma list of batch sizes (max requests in flight)."),
+    suite: str = typer.Option("spec-bench:1", "--suite", help="Prompt suites as for `specgraft bench` (first turns are used)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens per request (EOS does not stop: equal work)."),
+    cost_table: Optional[str] = typer.Option(None, "--cost-table", help="Cost table JSON (default: the measured or shipped one for the model)."),
+    hf: bool = typer.Option(True, "--hf/--no-hf", help="Also run Hugging Face generate on padded batches."),
+    out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto, bfloat16, float16 or float32."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (recorded)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+) -> None:
+    """Batched throughput, latency and memory of methods at several batch sizes against batched ar and HF generate."""
+    import torch
+    from rich.console import Console
+
+    from specgraft.api import SpecDecoder
+    from specgraft.batch import CostTable
+    from specgraft.batch.profile import find_cost_table
+    from specgraft.bench.batched import bench_batches, write_rows
+    from specgraft.cli.generate import set_threads
+    from specgraft.methods import GraftOptions, MethodOptions, get_method
+    from specgraft.suites import load_suite
+
+    console = Console(stderr=True, highlight=False)
+    sizes = _ints(batch_sizes, "--batch-sizes")
+    names = ["ar"] + [m for m in (x.strip() for x in methods.split(",")) if m and m != "ar"]
+    for name in names:
+        spec = get_method(name)
+        if spec.needs_draft_model and not draft_model:
+            raise ValueError(f"method {name} needs --draft-model")
+    set_threads(threads)
+    options = MethodOptions(graft=GraftOptions(draft_model=draft_model, draft_dtype=dtype)) if draft_model else MethodOptions()
+    ar = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device, options=options)
+    decoders = {"ar": ar} | {n: ar.with_method(n) for n in names[1:]}
+    path = cost_table or find_cost_table(ar.target.name, str(ar.target.device), torch.get_num_threads())
+    costs = CostTable.load(path) if path else None
+    if costs is None:
+        console.print("no cost table for this model and device: budgets stay each method's own (run `specgraft profile`)")
+    prompts = []
+    for p in load_suite(suite).prompts:
+        ids = ar.encode(p.turns[0], chat=p.chat)
+        if len(ids) + max_new_tokens > ar.target.max_positions:
+            console.print(f"skipped {p.id}: {len(ids)} prompt tokens + {max_new_tokens} exceed the context window of {ar.target.max_positions}")
+            continue
+        prompts.append(ids)
+    if not prompts:
+        raise ValueError("no prompt of the suite fits the context window")
+    rows = bench_batches(decoders, prompts, sizes, max_new_tokens, costs, hf=hf, log=console.print)
+    meta = {
+        "model": model, "draft_model": draft_model, "methods": names, "batch_sizes": sizes, "suite": suite, "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens, "cost_table": str(path) if path else None, "threads": torch.get_num_threads(),
+        "device": str(ar.target.device), "dtype": str(ar.target.dtype).replace("torch.", ""),
+    }
+    typer.echo(write_rows(rows, out, meta).read_text())
