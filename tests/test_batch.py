@@ -16,7 +16,7 @@ import torch
 from specgraft.batch import AdaptiveBudget, Acceptance, BatchEngine, CostTable, FixedBudget, QueueFull
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.engine import SpecEngine
-from specgraft.methods import MethodOptions, get_method
+from specgraft.methods import MethodOptions, get_method, method_names
 from specgraft.models.hf import HFTarget
 
 from tests.conftest import TINY_MODELS
@@ -87,6 +87,18 @@ def test_batched_greedy_equals_single_ar(arch, method):
     assert sum(len(v) for v in got.values()) == batch.stats.tokens
     if method != "ar":
         assert batch.stats.tokens > batch.stats.sequence_steps, "no draft was accepted in the whole schedule"
+
+
+@pytest.mark.parametrize("method", sorted(set(method_names()) - set(METHODS)))
+def test_every_other_method_batches(method):
+    """The variants (ablations, Graft's gated forms, READER's) on one schedule of 6 requests."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    ar, engine = build(target, "ar", None), build(target, method, perturbed(model))
+    rng = random.Random(7)
+    requests = [(p, GenerationConfig(max_new_tokens=rng.randint(4, 16), budget=8)) for p, _ in make_prompts(n=6, vocab=model.config.vocab_size)]
+    expected = {str(i): ar.generate_ids(p, c) for i, (p, c) in enumerate(requests)}
+    assert run_schedule(BatchEngine(engine, max_batch=3, policy=RandomCap(1)), requests, rng) == expected
 
 
 def test_sampled_requests_keep_their_seeds():

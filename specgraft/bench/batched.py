@@ -46,6 +46,9 @@ class BatchRow:
     rss_mb: float = 0.0
     kv_mb: float = 0.0
     ratio_vs_ar: float | None = None
+    commit_share: float = 0.0
+    """Share of the wall time spent committing accepted rows in the KV caches (target's, from
+    every request's stats; the cache is compacted at every commit)."""
     acceptance_by_source: dict[str, float] = field(default_factory=dict)
 
 
@@ -150,6 +153,7 @@ def bench_batches(
                 predicted_tokens_per_s=_predicted(costs, policy, b, used),
                 rss_mb=rss_mb(), kv_mb=kv_mb(dec.target, *(getattr(d, "lm", None) for d in dec.engine.drafters)),
                 acceptance_by_source={k: accepted.get(k, 0) / v for k, v in proposed.items() if v},
+                commit_share=sum(s.commit_s for s in stats) / wall,
             )
             if name == "ar":
                 ar_tps = row.tokens_per_s
@@ -185,7 +189,8 @@ def _line(r: BatchRow) -> str:
     pred = f", predicted {r.predicted_tokens_per_s:.2f}" if r.predicted_tokens_per_s else ""
     return (
         f"B={r.batch} {r.method:<12} {r.tokens_per_s:6.2f} tok/s ({r.ratio_vs_ar or 0:.2f}x ar){pred}, budget {r.budget}, "
-        f"MAT {r.mat:.2f}, p50 latency {r.latency_p50_s:.1f} s, exact {r.exact}, RSS {r.rss_mb:.0f} MB, KV {r.kv_mb:.0f} MB"
+        f"MAT {r.mat:.2f}, p50 latency {r.latency_p50_s:.1f} s, exact {r.exact}, RSS {r.rss_mb:.0f} MB, KV {r.kv_mb:.0f} MB, "
+        f"commit {100 * r.commit_share:.1f}%"
     )
 
 
