@@ -101,12 +101,20 @@ def test_every_other_method_batches(method):
     assert run_schedule(BatchEngine(engine, max_batch=3, policy=RandomCap(1)), requests, rng) == expected
 
 
-def test_sampled_requests_keep_their_seeds():
+@pytest.mark.parametrize("method", ["pld", "draft-tree-sampled"])
+def test_sampled_requests_keep_their_seeds(method):
     """Per-request temperature, top-p and seed inside one batch: each request's tokens equal the
-    same request run alone (its generator is its own)."""
+    same request run alone (its generator is its own; sampled draft children come from the
+    sequence's own draft sampler in the batched draft forwards)."""
+    from specgraft.methods import GraftOptions
+
     model = TINY_MODELS["llama"]()
     target = HFTarget(model)
-    engine = build(target, "pld", None)
+    if method == "pld":
+        engine = build(target, "pld", None)
+    else:
+        options = MethodOptions(graft=GraftOptions(sample_drafts=True))
+        engine = SpecEngine(target, *get_method("draft-tree").build(target, options, perturbed(model)), method="draft-tree")
     prompts = [p for p, _ in make_prompts(n=6, vocab=model.config.vocab_size)]
     configs = [
         GenerationConfig(max_new_tokens=12, budget=8, sampling=SamplingConfig(temperature=t, top_p=q, seed=s))
