@@ -38,7 +38,7 @@ class RandomCap:
     def budget(self, batch_size, budgets):
         return self.rng.choice([None, 0, 1, 3, 8])
 
-    def observe(self, batch_size, budget, accepted, draft_s):
+    def observe(self, batch_size, budget, tree_nodes, accepted, draft_s):
         self.observed += 1
 
 
@@ -206,8 +206,21 @@ def test_adaptive_budget_learns_acceptance_online():
     policy = AdaptiveBudget(costs, Acceptance(prior=[0.0], prior_weight=1.0), budgets=(4,), refresh=1)
     assert policy.best(1, 4) == 0
     for _ in range(50):
-        policy.observe(1, 4, [0, 1, 2, 3], 0.0)
+        policy.observe(1, 4, 4, [0, 1, 2, 3], 0.0)
     assert policy.best(1, 4) == 4
+
+
+def test_sparse_drafts_are_costed_by_the_nodes_drafted():
+    """A prompt-lookup method that drafts 2 nodes under a budget of 16 pays for 3 rows alone,
+    for the padded 17 in a batch."""
+    costs = CostTable("m", "cpu", {1: {1: 0.3, 17: 0.7}, 4: {1: 0.4, 17: 1.6}})
+    acc = Acceptance(prior=[0.5], prior_weight=0.0)
+    for _ in range(10):
+        acc.add(16, [0], tree_nodes=2)
+    assert acc.expected_nodes(16) == 2.0 and acc.expected_tokens(16) == 2.0
+    policy = AdaptiveBudget(costs, acc, budgets=(16,))
+    assert policy.predicted(1, 16) == pytest.approx(2.0 / costs.cost(1, 3))
+    assert policy.predicted(4, 16) == pytest.approx(4 * 2.0 / 1.6)
 
 
 def test_cost_table_round_trip(tmp_path):

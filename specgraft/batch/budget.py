@@ -40,9 +40,9 @@ class BudgetPolicy(Protocol):
     def budget(self, batch_size: int, budgets: Sequence[int]) -> int | None:
         """The cap on every sequence's budget this step (None: each sequence's own)."""
 
-    def observe(self, batch_size: int, budget: int, accepted: Sequence[int], draft_s: float) -> None:
-        """One sequence's step: the budget its drafters had, tree indices of the accepted nodes,
-        the drafting time."""
+    def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
+        """One sequence's step: the budget its drafters had, the nodes they proposed, tree
+        indices of the accepted nodes, the drafting time."""
 
 
 class FixedBudget:
@@ -51,7 +51,7 @@ class FixedBudget:
     def budget(self, batch_size: int, budgets: Sequence[int]) -> int | None:
         return None
 
-    def observe(self, batch_size: int, budget: int, accepted: Sequence[int], draft_s: float) -> None:
+    def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
         pass
 
 
@@ -80,10 +80,10 @@ class CostTable:
         if not self.seconds or any(not row for row in self.seconds.values()):
             raise ValueError("a cost table needs at least one measured forward per batch size")
 
-    def _rows_cost(self, batch: int, rows: int) -> float:
+    def _rows_cost(self, batch: int, rows: float) -> float:
         return _interp(self.seconds[batch], rows)
 
-    def cost(self, batch: int, rows: int) -> float:
+    def cost(self, batch: int, rows: float) -> float:
         """Seconds of one forward of ``batch`` sequences x ``rows`` rows each."""
         sizes = sorted(self.seconds)
         if batch in self.seconds:
@@ -113,7 +113,7 @@ class CostTable:
             raise ValueError(f"{path} is not a specgraft cost table ({e})") from e
 
 
-def _interp(points: dict[int, float], x: int) -> float:
+def _interp(points: dict[int, float], x: float) -> float:
     """Piecewise-linear through ``points``, extended linearly past the last two (and flat below the first)."""
     xs = sorted(points)
     if len(xs) == 1 or x <= xs[0]:
@@ -144,13 +144,26 @@ class Acceptance:
     prior_weight: float = 8.0
     verified: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
     accepted: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
+    filled: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
+    """Opportunities at each rank that the drafters filled with a node."""
 
-    def add(self, budget: int, accepted: Sequence[int]) -> None:
+    def add(self, budget: int, accepted: Sequence[int], tree_nodes: int | None = None) -> None:
+        """One step with ``budget`` (``tree_nodes`` of them filled; default all)."""
+        filled = budget if tree_nodes is None else tree_nodes
         for r in range(min(budget, MAX_RANK)):
             self.verified[r] += 1
+            self.filled[r] += r < filled
         for r in accepted:
             if r < MAX_RANK:
                 self.accepted[r] += 1
+
+    def expected_nodes(self, k: int) -> float:
+        """Nodes a step with budget ``k`` proposes on average (all ``k`` until measured)."""
+        total = 0.0
+        for r in range(k):
+            r = min(r, MAX_RANK - 1)
+            total += self.filled[r] / self.verified[r] if self.verified[r] else 1.0
+        return total
 
     def rate(self, r: int) -> float:
         r = min(r, MAX_RANK - 1)
@@ -178,8 +191,8 @@ class AdaptiveBudget:
         costs: CostTable,
         acceptance: Acceptance | None = None,
         budgets: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 60),
-        refresh: int = 16,
-        explore: int = 64,
+        refresh: int = 1,
+        explore: int = 128,
     ):
         self.costs = costs
         self.acceptance = acceptance if acceptance is not None else Acceptance()
@@ -191,9 +204,14 @@ class AdaptiveBudget:
         self._idle: dict[int, int] = {}
 
     def predicted(self, batch_size: int, k: int) -> float:
-        """Predicted tokens/s of the whole batch at budget ``k``."""
+        """Predicted tokens/s of the whole batch at budget ``k``.
+
+        Rows per sequence: one sequence feeds its tree as drafted (``1 + expected_nodes(k)``;
+        prompt lookup often drafts fewer nodes than its budget); a batch is padded to its
+        largest tree, taken as the full ``1 + k``."""
         draft = 0.0 if k == 0 else self._draft_cost(batch_size)
-        return batch_size * self.acceptance.expected_tokens(k) / (self.costs.cost(batch_size, k + 1) + draft)
+        rows = 1 + (self.acceptance.expected_nodes(k) if batch_size == 1 else k)
+        return batch_size * self.acceptance.expected_tokens(k) / (self.costs.cost(batch_size, rows) + draft)
 
     def _draft_cost(self, batch_size: int) -> float:
         if batch_size in self.draft_s:
@@ -226,10 +244,10 @@ class AdaptiveBudget:
                 return max(positive, key=lambda k: self.predicted(batch_size, k))
         return choice
 
-    def observe(self, batch_size: int, budget: int, accepted: Sequence[int], draft_s: float) -> None:
+    def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
         if budget == 0:
             return
-        self.acceptance.add(budget, accepted)
+        self.acceptance.add(budget, accepted, tree_nodes)
         old = self.draft_s.get(batch_size)
         self.draft_s[batch_size] = draft_s if old is None else 0.9 * old + 0.1 * draft_s
 

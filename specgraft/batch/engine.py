@@ -174,7 +174,7 @@ class BatchEngine:
             self.stats.sequence_steps += len(seqs)
             for rid, seq, tokens in zip(ids, seqs, emitted, strict=True):
                 self.stats.tokens += len(tokens)
-                self.policy.observe(len(seqs), seq.last_budget, seq.last_accepted, seq.last_draft_s)
+                self.policy.observe(len(seqs), seq.last_budget, seq.last_tree_nodes, seq.last_accepted, seq.last_draft_s)
                 if seq.done:
                     events.append(self._retire(rid, tokens))
                 elif tokens:
