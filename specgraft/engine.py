@@ -113,6 +113,9 @@ class SpecEngine:
     def check_prompt(self, prompt: Sequence[int]) -> None:
         if len(prompt) == 0:
             raise ValueError("the prompt is empty")
+        bad = next((t for t in prompt if not 0 <= int(t) < self.target.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} of the prompt is outside the vocabulary [0, {self.target.vocab_size})")
         if len(prompt) >= self.target.max_positions:
             raise ValueError(
                 f"the prompt has {len(prompt)} tokens but the model's context window is "

@@ -160,6 +160,8 @@ def test_cancel_errors_and_queue():
         batch.submit([], GenerationConfig())
     with pytest.raises(ValueError, match="context window"):
         batch.submit([3] * (target.max_positions + 1), GenerationConfig())
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        batch.submit([5, target.vocab_size], GenerationConfig())
     with pytest.raises(ValueError, match="already in use"):
         batch.submit([3], GenerationConfig(), request_id=a)
     events = batch.step()
