@@ -264,11 +264,13 @@ def plot(levels: list[LevelResult], path: Path) -> None:
     for method in dict.fromkeys(lv.method for lv in levels):
         mine = [lv for lv in levels if lv.method == method]
         xs = [lv.concurrency for lv in mine]
-        thr.plot(xs, [lv.tokens_per_s for lv in mine], marker="o", label=method)
-        lat.plot(xs, [lv.latency_p50_s or 0 for lv in mine], marker="o", label=f"{method} p50")
-        lat.plot(xs, [lv.latency_p99_s or 0 for lv in mine], marker="x", linestyle="--", label=f"{method} p99")
+        (line,) = thr.plot(xs, [lv.tokens_per_s for lv in mine], marker="o", label=method)
+        lat.plot(xs, [lv.latency_p50_s or 0 for lv in mine], marker="o", color=line.get_color(), label=f"{method} p50")
+        lat.plot(xs, [lv.latency_p99_s or 0 for lv in mine], marker="x", linestyle="--", color=line.get_color(), label=f"{method} p99")
+    ticks = sorted({lv.concurrency for lv in levels})
     for ax, title, ylabel in ((thr, "throughput", "generated tokens/s"), (lat, "request latency", "seconds")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
