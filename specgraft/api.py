@@ -159,14 +159,23 @@ class SpecDecoder:
             if self.tokenizer is None:
                 raise ValueError("this decoder has no tokenizer; pass token ids")
             if chat:
-                if not getattr(self.tokenizer, "chat_template", None):
-                    raise ValueError("this tokenizer has no chat template; drop chat=True")
-                text = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-                )
-                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-            else:
-                ids = self.tokenizer(prompt)["input_ids"]
+                return self.encode_messages([{"role": "user", "content": prompt}])
+            ids = self.tokenizer(prompt)["input_ids"]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return list(ids)
+
+    def encode_messages(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation (``[{"role": ..., "content": ...}, ...]``) through the chat
+        template, ending where the assistant's reply starts."""
+        if not messages:
+            raise ValueError("the message list is empty")
+        if self.tokenizer is None:
+            raise ValueError("this decoder has no tokenizer; pass token ids")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this tokenizer has no chat template; drop chat=True")
+        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise ValueError("the prompt is empty")
         return list(ids)

@@ -1,4 +1,4 @@
-"""`specgraft generate | demo | models | warmup | calibrate | tune | datastore | bench | report | profile | bench-serve`: the command line.
+"""`specgraft generate | demo | models | warmup | calibrate | tune | datastore | bench | report | serve | profile | bench-serve`: the command line.
 
 Every failure a user can cause (bad value, unknown method, missing file, a model that cannot be
 pulled or loaded) prints one line ``error: ...`` on stderr and exits with status 2; no tracebacks.
@@ -17,12 +17,13 @@ from specgraft.cli.calibrate import calibrate
 from specgraft.cli.datastore import datastore_app
 from specgraft.cli.generate import DEMO_MODEL, DEMO_PROMPT, demo, err, generate, run_generate
 from specgraft.cli.models import models_app, warmup
+from specgraft.cli.serve import serve
 from specgraft.cli.tune import tune
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lossless speculative decoding for Hugging Face causal LMs.")
 app.add_typer(models_app, name="models")
 app.add_typer(datastore_app, name="datastore")
-for command in (generate, demo, warmup, calibrate, tune, bench, report, profile):
+for command in (generate, demo, warmup, calibrate, tune, bench, report, serve, profile):
     app.command()(command)
 app.command("bench-serve")(bench_serve)
 

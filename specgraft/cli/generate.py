@@ -140,61 +140,99 @@ def _method_help() -> str:
     return f"{', '.join(free)}; with --draft-model also {', '.join(needs)}."
 
 
+# options shared with `specgraft serve`: the model, device and method options
+MODEL = typer.Option(DEMO_MODEL, "--model", "-m", help="Catalog name, local directory or Hugging Face id.")
+DTYPE = typer.Option("auto", help="auto (float32 on CPUs without native bf16), bfloat16 or float32; the draft model's too.")
+THREADS = typer.Option(None, help="torch threads (default: torch's choice).")
+DEVICE = typer.Option("auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; the draft model's too.")
+RECYCLING_STATE = typer.Option(None, help="Successor matrix .npz from `specgraft warmup` (recycling).")
+DRAFT_MODEL = typer.Option(
+    None, "--draft-model", help="Draft model sharing the target's tokenizer (draft-tree, graft*): catalog name, directory or hub id."
+)
+CALIBRATION = typer.Option(
+    None, "--calibration", help="Calibration JSON from `specgraft calibrate` (thresholds + warmed-up matrix of the graft variants)."
+)
+PRESET = typer.Option(
+    "cpu", "--preset",
+    help="Draft tree preset: cpu (depth 4, top-k 2, budget 8) or gpu (depth 8, top-k 10, budget 60); without --budget its budget is used.",
+)
+DRAFT_DEPTH = typer.Option(None, "--draft-depth", help="Draft forwards per step (default: the preset's).")
+DRAFT_TOP_K = typer.Option(None, "--draft-top-k", help="Children per expanded draft node (default: the preset's).")
+LEARNING = typer.Option("request", help="request (default) or shared: see `specgraft.drafters.base.Learning`.")
+DATASTORE = typer.Option(None, "--datastore", help="Datastore directory for reader (repeat or comma list; `specgraft datastore build`).")
+READER_SHAPE = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune`.")
+
+
+def method_options(
+    model: str,
+    dtype: str,
+    *,
+    draft_model: Optional[str],
+    calibration: Optional[str],
+    preset: str,
+    draft_depth: Optional[int],
+    draft_top_k: Optional[int],
+    recycling_state: Optional[str],
+    learning: str,
+    datastore: Optional[list[str]],
+    reader_shape: Optional[str],
+    sample_drafts_at: Optional[float] = None,
+) -> MethodOptions:
+    """The :class:`MethodOptions` of the options above; ``sample_drafts_at``: sample draft children
+    at this temperature (``--sample-drafts``)."""
+    from specgraft.methods.reader import reader_config
+
+    graft = GraftOptions(
+        draft_model=draft_model, draft_dtype=dtype, preset=preset, depth=draft_depth, top_k=draft_top_k, calibration=calibration
+    )
+    if sample_drafts_at is not None:
+        graft = with_sampled_drafts(graft, sample_drafts_at)
+    return MethodOptions(
+        recycling_state=recycling_state, graft=graft, learning=learning, datastores=split_paths(datastore),
+        reader=reader_config(reader_shape, model, draft_model, preset),
+    )
+
+
 def generate(
     prompt: str = typer.Argument(..., help="The prompt text."),
-    model: str = typer.Option(DEMO_MODEL, "--model", "-m", help="Catalog name, local directory or Hugging Face id."),
+    model: str = MODEL,
     method: str = typer.Option("recycling", help=_method_help()),
     max_new_tokens: int = typer.Option(128, help="Stop after this many new tokens."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
     top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
     seed: Optional[int] = typer.Option(None, help="Sampling seed."),
-    dtype: str = typer.Option("auto", help="auto (float32 on CPUs without native bf16), bfloat16 or float32; the draft model's too."),
+    dtype: str = DTYPE,
     budget: Optional[int] = typer.Option(None, help="Tree nodes verified per step (default: the method's default budget, printed)."),
     chat: bool = typer.Option(False, "--chat", help="Apply the tokenizer's chat template."),
     compare: bool = typer.Option(False, "--compare", help="Also run plain decoding; report speedup and agreement."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
-    recycling_state: Optional[str] = typer.Option(None, help="Successor matrix .npz from `specgraft warmup` (recycling)."),
-    draft_model: Optional[str] = typer.Option(
-        None, "--draft-model", help="Draft model sharing the target's tokenizer (draft-tree, graft*): catalog name, directory or hub id."
-    ),
-    calibration: Optional[str] = typer.Option(
-        None, "--calibration", help="Calibration JSON from `specgraft calibrate` (thresholds + warmed-up matrix of the graft variants)."
-    ),
-    preset: str = typer.Option(
-        "cpu", "--preset",
-        help="Draft tree preset: cpu (depth 4, top-k 2, budget 8) or gpu (depth 8, top-k 10, budget 60); without --budget its budget is used.",
-    ),
+    recycling_state: Optional[str] = RECYCLING_STATE,
+    draft_model: Optional[str] = DRAFT_MODEL,
+    calibration: Optional[str] = CALIBRATION,
+    preset: str = PRESET,
     sample_drafts: bool = typer.Option(
         False, "--sample-drafts",
         help="Sample draft children at --temperature (> 0) and verify by rejection sampling (draft-tree, graft*); exact like the default.",
     ),
-    draft_depth: Optional[int] = typer.Option(None, "--draft-depth", help="Draft forwards per step (default: the preset's)."),
-    draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", help="Children per expanded draft node (default: the preset's)."),
-    threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice)."),
-    device: str = typer.Option("auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; the draft model's too."),
-    learning: str = typer.Option("request", help="request (default) or shared: see `specgraft.drafters.base.Learning`."),
-    datastore: Optional[list[str]] = typer.Option(
-        None, "--datastore", help="Datastore directory for reader (repeat or comma list; `specgraft datastore build`)."
-    ),
-    reader_shape: Optional[str] = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune`."),
+    draft_depth: Optional[int] = DRAFT_DEPTH,
+    draft_top_k: Optional[int] = DRAFT_TOP_K,
+    threads: Optional[int] = THREADS,
+    device: str = DEVICE,
+    learning: str = LEARNING,
+    datastore: Optional[list[str]] = DATASTORE,
+    reader_shape: Optional[str] = READER_SHAPE,
 ) -> None:
     """Generate text with a speculative method, streaming it."""
-    from specgraft.methods.reader import reader_config
-
-    graft = GraftOptions(
-        draft_model=draft_model, draft_dtype=dtype, preset=preset, depth=draft_depth, top_k=draft_top_k, calibration=calibration
+    options = method_options(
+        model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
+        draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore,
+        reader_shape=reader_shape, sample_drafts_at=temperature if sample_drafts else None,
     )
-    if sample_drafts:
-        graft = with_sampled_drafts(graft, temperature)
     run_generate(
         prompt, model, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-        dtype=dtype, budget=budget, chat=chat, compare=compare, as_json=as_json, stop=stop,
-        options=MethodOptions(
-            recycling_state=recycling_state, graft=graft, learning=learning, datastores=split_paths(datastore),
-            reader=reader_config(reader_shape, model, draft_model, preset),
-        ),
+        dtype=dtype, budget=budget, chat=chat, compare=compare, as_json=as_json, stop=stop, options=options,
         threads=threads, device=device,
     )
 

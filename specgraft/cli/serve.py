@@ -1,0 +1,89 @@
+"""`specgraft serve`: the OpenAI-compatible server (``specgraft/serve/``) under uvicorn."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import typer
+
+from specgraft.cli.generate import (
+    CALIBRATION, DATASTORE, DEVICE, DRAFT_DEPTH, DRAFT_MODEL, DRAFT_TOP_K, DTYPE, LEARNING, PRESET, READER_SHAPE, RECYCLING_STATE,
+    THREADS, _method_help, err, method_options, set_threads,
+)
+
+
+def serve(
+    model: str = typer.Option(..., "--model", "-m", help="Catalog name, local directory or Hugging Face id."),
+    method: str = typer.Option("recycling", help=_method_help()),
+    max_batch: int = typer.Option(8, "--max-batch", help="Sequences decoded together, one target forward per step."),
+    max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting for a place in the batch; one more gets 429."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+    served_model_name: Optional[str] = typer.Option(
+        None, "--served-model-name", help="The model id clients send and /v1/models lists (default: --model as given)."
+    ),
+    default_max_tokens: int = typer.Option(
+        256, "--default-max-tokens", help="max_tokens of requests that give none (capped by what the context window leaves)."
+    ),
+    budget: Optional[int] = typer.Option(None, help="Tree nodes verified per step and sequence (default: the method's default budget)."),
+    cost_table: Optional[str] = typer.Option(
+        None, "--cost-table",
+        help="Cost table JSON (`specgraft profile`): pick each batch size's budget from measured costs and acceptance, "
+        "0 (plain decoding) when speculation would not pay. Without it every sequence verifies its budget.",
+    ),
+    shutdown_timeout: float = typer.Option(
+        30.0, "--shutdown-timeout", help="On SIGINT/SIGTERM, seconds in-flight requests may take to finish before they are cancelled."
+    ),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level: critical, error, warning, info, debug."),
+    dtype: str = DTYPE,
+    device: str = DEVICE,
+    threads: Optional[int] = THREADS,
+    draft_model: Optional[str] = DRAFT_MODEL,
+    calibration: Optional[str] = CALIBRATION,
+    preset: str = PRESET,
+    draft_depth: Optional[int] = DRAFT_DEPTH,
+    draft_top_k: Optional[int] = DRAFT_TOP_K,
+    recycling_state: Optional[str] = RECYCLING_STATE,
+    learning: str = LEARNING,
+    datastore: Optional[list[str]] = DATASTORE,
+    reader_shape: Optional[str] = READER_SHAPE,
+) -> None:
+    """Serve a model over OpenAI's completions and chat completions API (continuous batching)."""
+    from specgraft.api import SpecDecoder
+    from specgraft.batch import AdaptiveBudget, CostTable
+    from specgraft.methods import get_method
+    from specgraft.serve import ServerConfig, create_app
+    from specgraft.serve.run import server
+
+    get_method(method)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be in 1..65535, got {port}")
+    if shutdown_timeout < 0:
+        raise ValueError(f"shutdown timeout must be >= 0, got {shutdown_timeout}")
+    config = ServerConfig(
+        model_name=served_model_name or model, max_batch=max_batch, max_queue=max_queue, default_max_tokens=default_max_tokens,
+        budget=budget,
+    )
+    policy = AdaptiveBudget(CostTable.load(cost_table)) if cost_table is not None else None
+    set_threads(threads)
+    options = method_options(
+        model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
+        draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore, reader_shape=reader_shape,
+    )
+    decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options)
+    resolved = decoder.resolved_config(SpecDecoder.make_config(budget=budget))
+    err.print(
+        f"specgraft serve: {config.model_name} ({model}), method {method}, budget {resolved['generation']['budget']}, "
+        f"{'adaptive budget from ' + cost_table if cost_table else 'fixed budget'}, max_batch {max_batch}, max_queue {max_queue}, "
+        f"{resolved['dtype']} on {resolved['device']}, threads {resolved['threads']}; http://{host}:{port}/v1"
+    )
+    app = create_app(decoder, config, policy)
+    # the server's own log lines, beside uvicorn's and in its format
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    serve_log = logging.getLogger("specgraft.serve")
+    serve_log.addHandler(handler)
+    serve_log.setLevel(log_level.upper())
+    serve_log.propagate = False
+    server(app, host=host, port=port, log_level=log_level, grace=shutdown_timeout).run()
