@@ -30,7 +30,8 @@ def serve(
     cost_table: Optional[str] = typer.Option(
         None, "--cost-table",
         help="Cost table JSON (`specgraft profile`): pick each batch size's budget from measured costs and acceptance, "
-        "0 (plain decoding) when speculation would not pay. Without it every sequence verifies its budget.",
+        "0 (plain decoding) when speculation would not pay. Default: the table measured for this model, device and "
+        "thread count (yours, else a shipped one); 'none' = every sequence verifies its own budget.",
     ),
     shutdown_timeout: float = typer.Option(
         30.0, "--shutdown-timeout", help="On SIGINT/SIGTERM, seconds in-flight requests may take to finish before they are cancelled."
@@ -65,13 +66,25 @@ def serve(
         model_name=served_model_name or model, max_batch=max_batch, max_queue=max_queue, default_max_tokens=default_max_tokens,
         budget=budget,
     )
-    policy = AdaptiveBudget(CostTable.load(cost_table)) if cost_table is not None else None
+    # an explicit table is read before the model loads, so a bad path fails at once
+    table = CostTable.load(cost_table) if cost_table not in (None, "none") else None
     set_threads(threads)
     options = method_options(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore, reader_shape=reader_shape,
     )
     decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options)
+    if cost_table is None:
+        import torch
+
+        from specgraft.batch.profile import find_cost_table
+
+        found = find_cost_table(decoder.target.name, str(decoder.target.device), torch.get_num_threads())
+        cost_table = str(found) if found is not None else None
+        table = CostTable.load(found) if found is not None else None
+    elif cost_table == "none":
+        cost_table = None
+    policy = AdaptiveBudget(table) if table is not None else None
     resolved = decoder.resolved_config(SpecDecoder.make_config(budget=budget))
     err.print(
         f"specgraft serve: {config.model_name} ({model}), method {method}, budget {resolved['generation']['budget']}, "
