@@ -310,3 +310,10 @@ def test_unsupported_methods_are_documented():
     assert {"recycling", "ptd"} <= {k.split(" ")[0].rstrip(",") for k in integ.UNSUPPORTED}
     for why in integ.UNSUPPORTED.values():
         assert why
+
+
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(integ)
+    assert result.attempted > 0 and result.failed == 0

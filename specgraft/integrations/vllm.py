@@ -246,11 +246,16 @@ class SpecgraftProposer:
     ) -> list[list[int]]:
         """One chain per row of vLLM's input batch (``[]``: no draft for that row this step).
 
-        Example, one request whose context ``[1, 2, 3, 9, 1, 2]`` repeats ``1 2`` (PLD copies
-        what followed it)::
+        Example: one request, just prefilled (vLLM sampled its first token, ``2``), whose context
+        ``[1, 2, 3, 9, 1, 2]`` repeats ``1 2``; PLD copies what followed it, as far as the
+        estimated acceptance stays >= 0.1 (0.3, 0.18, 0.108, then 0.065):
 
-            rows = np.zeros((1, 32), np.int32); rows[0, :6] = [1, 2, 3, 9, 1, 2]
-            proposer.propose([[2]], np.array([6]), rows)        # -> [[3, 9, 1, 2]] (k >= 4)
+        >>> from types import SimpleNamespace as C
+        >>> config = C(speculative_config=C(num_speculative_tokens=5), model_config=C(max_model_len=32))
+        >>> proposer = PLDProposer(config, check_vllm=False)
+        >>> rows = np.zeros((1, 32), np.int32); rows[0, :6] = [1, 2, 3, 9, 1, 2]
+        >>> proposer.propose([[2]], np.array([6]), rows)
+        [[3, 9, 1]]
         """
         waiting: dict[tuple[int, int], list[_Request]] = {}
         for r in self._requests:

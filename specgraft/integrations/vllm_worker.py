@@ -8,8 +8,8 @@ vLLM peers (and the end-to-end test). It runs in vLLM's own virtual environment:
 "engine": {extra LLM(...) arguments}}``. Each input is generated alone (batch of one, greedy,
 ``temperature=0``), ``time.perf_counter()`` around ``LLM.generate`` only, after a warm-up
 generation; one JSON line per input is appended to ``RESULTS.jsonl`` as soon as it is measured:
-``{"key", "tokens", "time_s", "drafts", "draft_tokens", "accepted_tokens"}`` (the last three from
-vLLM's spec-decode counters, 0 without speculation).
+``{"key", "tokens", "time_s", "drafts", "draft_tokens", "accepted_tokens", "vllm_version"}``
+(drafts and tokens from vLLM's spec-decode counters, 0 without speculation).
 
 Only vLLM, numpy and (through the proposers) specgraft's token-level drafters are imported here.
 """
@@ -85,6 +85,8 @@ def generate(llm: Any, ids: Sequence[int], params: Any) -> dict[str, Any]:
 
 
 def run(request: dict[str, Any], results: Path) -> None:
+    import vllm
+
     llm = make_llm(request["model"], request.get("speculative_config"), **request.get("engine", {}))
     params = sampling_params(request["max_new_tokens"], request["eos_token_ids"])
     warm = sampling_params(request.get("warmup_tokens", 16), request["eos_token_ids"])
@@ -92,7 +94,7 @@ def run(request: dict[str, Any], results: Path) -> None:
         generate(llm, request["warmup_ids"], warm)
     with results.open("a", encoding="utf-8") as f:
         for item in request["inputs"]:
-            row = {"key": item["key"], **generate(llm, item["ids"], params)}
+            row = {"key": item["key"], **generate(llm, item["ids"], params), "vllm_version": vllm.__version__}
             f.write(json.dumps(row) + "\n")
             f.flush()
 
