@@ -683,17 +683,36 @@ def run_vllm_peers(
                 reference[k] = run.tokens
             base = reference.get(k) or stored[(gen.prompt.id, gen.turn, VLLM_BASELINE)].tokens
             row = make_row(gen, name, _VLLMMethod(name), run, ar.tokens, base, session)
-            spec = run.config.get("spec_decode", {})
-            if spec.get("drafts"):
+            spec = run.config.get("spec_decode")
+            if spec is not None:
                 row.steps = row.new_tokens - spec["accepted_tokens"]  # each step emits its accepted drafts + 1
                 row.mat = round(row.new_tokens / row.steps, 4) if row.steps else None
-                row.proposed_by_source = {name: spec["draft_tokens"]}
-                row.accepted_by_source = {name: spec["accepted_tokens"]}
+                if name != VLLM_BASELINE:
+                    row.proposed_by_source = {name: spec["draft_tokens"]}
+                    row.accepted_by_source = {name: spec["accepted_tokens"]}
             append_row(results, row)
             stored.setdefault(row.key, row)
             if cfg.progress:
-                console.print(row_line(row, stored.get((gen.prompt.id, gen.turn, VLLM_BASELINE)), 0, 0, 0.0).split("; eta")[0], markup=False, highlight=False)
+                plain = None if name == VLLM_BASELINE else stored.get((gen.prompt.id, gen.turn, VLLM_BASELINE))
+                console.print(vllm_row_line(row, plain), markup=False, highlight=False, soft_wrap=True)
         console.print(f"{name}: {len(todo[name])} generations in {time.perf_counter() - t0:.0f} s (engine start included)")
+
+
+def vllm_row_line(row: ResultRow, plain: ResultRow | None) -> str:
+    """A vLLM peer's row as a log line, its speedup over plain vLLM on the same input.
+
+    >>> from types import SimpleNamespace as R
+    >>> row = R(task="qa", prompt_id="spec_bench-321", turn=0, method="vllm-ngram", new_tokens=64, time_s=4.0, mat=2.5)
+    >>> vllm_row_line(row, R(time_s=6.0))
+    'qa spec_bench-321 turn 1 vllm-ngram: 64 tokens in 4.0 s (16.00 tok/s), MAT 2.50, 1.50x vllm'
+    """
+    rate = row.new_tokens / row.time_s if row.time_s > 0 else 0.0
+    line = f"{row.task} {row.prompt_id} turn {row.turn + 1} {row.method}: {row.new_tokens} tokens in {row.time_s:.1f} s ({rate:.2f} tok/s)"
+    if row.mat is not None:
+        line += f", MAT {row.mat:.2f}"
+    if plain and row.time_s > 0:
+        line += f", {plain.time_s / row.time_s:.2f}x {VLLM_BASELINE}"
+    return line
 
 
 @dataclass

@@ -9,6 +9,7 @@ skipped otherwise. Each engine starts in ~30 s on the 2-core CPU; the module tak
 """
 
 import gc
+import json
 import os
 from pathlib import Path
 
@@ -42,8 +43,8 @@ def inputs():
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(MODEL))
-    ids = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True) for p in PROMPTS]
-    ids = [list(x["input_ids"]) if isinstance(x, dict) or hasattr(x, "keys") else list(x) for x in ids]
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in PROMPTS]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     eos = sorted({int(tok.eos_token_id)})
     return ids, eos, tok
 
@@ -82,8 +83,6 @@ def datastore(inputs, tmp_path_factory):
     pytest.importorskip("pydivsufsort")
     _, _, tok = inputs
     corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
-    import json
-
     corpus.write_text("\n".join(json.dumps({"text": t}) for t in [PASSAGE, "def plus(a, b):\n    return a + b\n"]) + "\n")
     out = tmp_path_factory.mktemp("ds") / "ds"
     build_datastore(tok, [corpus], out, progress=False, exclude_texts=())
