@@ -469,7 +469,52 @@ def test_one_draft_model_for_every_method(target_dir, draft_dir, tmp_path):
     assert kernels == {type(m) for m in models.decoder.model.modules()} & {OneDNNLinear, torch.nn.Linear}
 
 
-@pytest.mark.parametrize("module", ["agreement", "suites", "bench.environment", "bench.repetition", "bench.summary", "bench.runner"])
+def test_vllm_peers_run_after_ours_on_the_same_ids(target_dir, tmp_path, monkeypatch):
+    """The vLLM peers' subprocess is replaced by a stand-in that answers with ``ar``'s tokens (the
+    real one runs in tests/integrations/test_vllm_e2e.py): what the runner sends it and how it
+    records and reports what comes back."""
+    import specgraft.bench.runner as runner
+    from specgraft.bench.contract import MethodRun
+
+    calls = []
+
+    def fake_run(name, settings, inputs, eos, max_new_tokens, warmup_ids, workdir, warmup_tokens=16):
+        calls.append((name, settings, [k for k, _ in inputs]))
+        rows = {(r.prompt_id, r.turn): r for r in read_rows(tmp_path / "vllm-out" / RESULTS_FILE) if r.method == "ar"}
+        out = {}
+        for key, ids in inputs:
+            pid, turn = key.rsplit(":", 1)
+            ar = rows[(pid, int(turn))]
+            assert len(ids) == ar.prompt_tokens and max_new_tokens == MAX_NEW
+            spec = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0} if name == "vllm" else {"drafts": 2, "draft_tokens": 6, "accepted_tokens": 3}
+            out[key] = MethodRun(tokens=ar.tokens, time_s=1.0 if name == "vllm" else 0.5, config={"method": name, "spec_decode": spec})
+        return out
+
+    monkeypatch.setattr(runner, "run_vllm_peer", fake_run)
+    monkeypatch.setattr(runner, "check_vllm_python", lambda python: "0.32.0")
+    out = tmp_path / "vllm-out"
+    cfg = config(target_dir, out, suite="humaneval:1,mt-bench:1", methods="ar,pld,vllm-ngram,vllm-specgraft-pld", vllm_python="/x/python")
+    assert cfg.vllm_methods == ("vllm", "vllm-ngram", "vllm-specgraft-pld") and "vllm" not in cfg.run_methods
+    assert "--vllm-python /x/python" in cfg.to_command()
+    report = run_benchmark(cfg)
+    assert [c[0] for c in calls] == ["vllm", "vllm-ngram", "vllm-specgraft-pld"]
+    assert calls[0][1].python == "/x/python" and calls[0][1].model == target_dir and calls[0][1].num_speculative_tokens == 5
+    rows = read_rows(out / RESULTS_FILE)
+    inputs = sorted(f"{r.prompt_id}:{r.turn}" for r in rows if r.method == "ar")
+    assert len(inputs) == 3 and all(sorted(c[2]) == inputs for c in calls), "every prompt and turn, MT-bench's second turn included"
+    ours = [r for r in rows if not r.method.startswith("vllm")]
+    assert rows[: len(ours)] == ours, "the vLLM peers run after every input has run here"
+    spec = [r for r in rows if r.method == "vllm-specgraft-pld"]
+    assert all(r.peer and r.agreement_hf["exact"] and r.steps == r.new_tokens - 3 for r in spec)
+    summary = summarize(rows)
+    assert summary.cell("vllm-specgraft-pld", OVERALL).speedup_hf == pytest.approx(2.0), "vs plain vLLM"
+    text = report.read_text()
+    assert "vllm-specgraft-pld (vLLM)" in text and "speedup vs own plain" in text
+    with pytest.raises(ValueError, match="unknown method"):
+        config(target_dir, out, methods="vllm-recycling")
+
+
+@pytest.mark.parametrize("module", ["agreement", "suites", "bench.environment", "bench.repetition", "bench.summary", "bench.runner", "bench.vllm_peers", "bench.report"])
 def test_docstring_examples(module):
     import doctest
     import importlib

@@ -51,7 +51,8 @@ class ResultRow:
     time_breakdown_s: dict[str, float] | None = None
     """prefill, draft, forward, verify, commit, observe, total (engine clock)."""
     agreement_hf: dict[str, Any] | None = None
-    """Peers only: against HF plain ``generate``."""
+    """Peers only: against their own engine's plain output (HF plain ``generate`` for ``hf-*``,
+    plain vLLM for ``vllm-*``)."""
     self_repetition: dict[str, int] | None = None
     """``ar`` only: READER's counts (response_tokens, advances) over this input and output."""
     config: dict[str, Any] | None = None

@@ -4,7 +4,8 @@ Definitions used in every table (the report states them too):
 
 - **speedup** of a method on a task = total ``ar`` time / total method time, summed over the
   task's generations (prompt, turn) that both ran; the overall speedup is the same ratio over all
-  generations. ``vs HF`` is the same ratio with HF plain ``generate`` (``hf``) as the baseline.
+  generations. ``vs own plain`` is the same ratio with the peer's own engine's plain decoding as
+  the baseline: HF plain ``generate`` (``hf``) for the HF peers, plain vLLM (``vllm``) for the vLLM peers.
   When the run was bracketed (``ar-end`` rows: ``ar`` again after every other method on the same
   input), a generation's ``ar`` time is the mean of its two ``ar`` runs. Rows pair with the
   baselines measured in their own session (a resumed session measures them again).
@@ -33,10 +34,11 @@ from specgraft.bench.records import RESULTS_FILE, read_rows
 from specgraft.bench.summary import OVERALL, PHASES, Summary, common_rows, summarize
 
 DEFINITIONS = """\
-- **speedup** (per task) = total `ar` time / total method time over the task's generations (each prompt and turn); **overall** = the same ratio over all generations. `vs HF` uses HF plain `generate` (`hf`) as the baseline instead of our `ar`. In a bracketed run `ar` runs twice on every input, first and last (`ar-end`), and its time is the mean of the two, so a drift of the machine's speed during a prompt cancels to first order; the *baseline drift* table shows how far the two runs differed. A resumed session that adds methods to an input runs `ar` again, and each row is compared with the `ar` of its own session.
+- **speedup** (per task) = total `ar` time / total method time over the task's generations (each prompt and turn); **overall** = the same ratio over all generations. `vs own plain` uses the peer's own engine's plain decoding as the baseline instead of our `ar`: HF plain `generate` (`hf`) for the `hf-*` peers, plain vLLM (`vllm`, run in vLLM's own venv over the same token ids) for the `vllm-*` peers. In a bracketed run `ar` runs twice on every input, first and last (`ar-end`), and its time is the mean of the two, so a drift of the machine's speed during a prompt cancels to first order; the *baseline drift* table shows how far the two runs differed. A resumed session that adds methods to an input runs `ar` again, and each row is compared with the `ar` of its own session.
 - **decode speedup** = the same ratio with each generation's prefill time taken out (`ar` time - `ar` prefill) / (method time - method prefill); only for our methods, whose engine times its prefill. Long prompts (summarization, RAG) spend much of their time in prefill on a CPU.
-- **MAT** = new tokens / steps, **bonus token included**; HF peers expose no steps, so their MAT is `-`.
+- **MAT** = new tokens / steps, **bonus token included**; HF peers expose no steps, so their MAT is `-`; for vLLM peers steps = new tokens - accepted draft tokens (vLLM's spec-decode counters).
 - **tokens/s** = new tokens / generation time (prefill included), `time.perf_counter()` around generation only, after a warm-up, every method in the same process with the same dtype and threads.
+- **exact vs own plain** (peers): outputs equal token for token to their own engine's plain greedy output (`hf` / `vllm`) on the same input ids.
 - **agreement** with `ar` on the same input ids: exact outputs / generations, mean fraction of equal positions, earliest first divergence (token index). Greedy verification is lossless, but a pass over several rows and a one-row pass round differently (bf16 much more than fp32), so outputs may drift after a near-tie.
 - **retrieval ceiling** = READER's self-repetition metric (sec. 4.1) over the `ar` outputs: response tokens / pointer advances when each advance takes the longest continuation found in the input or the already-processed output; the MAT an infinite retrieval tree over prompt + history would reach (without counting a bonus token).
 - Each method has its own engine over the one loaded model and runs one short warm-up generation on a prompt outside the suites. What drafters learn within a generation (Token Recycling's and Graft's successor matrix, `pld`'s copy rates) starts again from the shared state (priors, `--recycling-state`, the calibration's matrix) on every input (`--learning request`, the default since the core issue), so a row does not depend on the inputs before it; runs made with `--learning shared` (and runs that predate the option) keep that state through the run, in prompt order.
@@ -44,6 +46,14 @@ DEFINITIONS = """\
 
 
 # -- markdown ------------------------------------------------------------------------------
+
+
+def peer_label(method: str) -> str:
+    """
+    >>> peer_label("hf-pld"), peer_label("vllm-ngram")
+    ('hf-pld (HF)', 'vllm-ngram (vLLM)')
+    """
+    return f"{method} (vLLM)" if method == "vllm" or method.startswith("vllm-") else f"{method} (HF)"
 
 
 def _f(x: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -59,8 +69,8 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
 def task_table(summary: Summary, task: str) -> list[str]:
     """Markdown rows: one per method on ``task``."""
     header = [
-        "method", "MAT (bonus incl.)", "tokens/s", "speedup vs ar", "speedup vs HF", "decode speedup vs ar",
-        "exact", "equal positions", "first divergence",
+        "method", "MAT (bonus incl.)", "tokens/s", "speedup vs ar", "speedup vs own plain", "decode speedup vs ar",
+        "exact", "equal positions", "first divergence", "exact vs own plain",
     ]
     out = []
     for m in summary.methods:
@@ -68,7 +78,7 @@ def task_table(summary: Summary, task: str) -> list[str]:
         if c is None:
             continue
         out.append([
-            f"{m} (HF)" if c.peer else m,
+            peer_label(m) if c.peer else m,
             _f(c.mat),
             _f(c.tokens_per_s),
             _f(c.speedup, suffix="x"),
@@ -77,6 +87,7 @@ def task_table(summary: Summary, task: str) -> list[str]:
             f"{c.exact}/{c.generations}",
             _f(100 * c.mean_fraction_equal, 1, "%"),
             "-" if c.first_divergence is None else str(c.first_divergence),
+            f"{c.exact_own}/{c.generations}" if c.peer else "-",
         ])
     return _table(header, out)
 
@@ -154,7 +165,7 @@ def time_table(summary: Summary) -> list[str]:
             shares = [_f(100 * c.phase_s[p] / total if total else None, 1, "%") for p in PHASES]
         else:
             shares = ["-"] * len(PHASES)
-        rows.append([f"{m} (HF)" if c.peer else m, _f(per_tok), *shares])
+        rows.append([peer_label(m) if c.peer else m, _f(per_tok), *shares])
     return _table(["method", "ms per new token", *PHASES], rows)
 
 

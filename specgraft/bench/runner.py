@@ -7,7 +7,11 @@
    around the generation call only.
 4. Append one :class:`~specgraft.bench.records.ResultRow` per (prompt, turn, method) to
    ``results.jsonl`` as soon as it is measured; ``resume=True`` skips rows already there.
-5. Write ``report.md`` and the plots (:mod:`specgraft.bench.report`).
+5. vLLM peers (``vllm``, ``vllm-ngram``, ``vllm-specgraft-*``), if asked for: after every input
+   has run here, our models are released and each vLLM peer runs once over the same token ids in
+   vLLM's own venv (:mod:`specgraft.bench.vllm_peers`); ``vllm`` is their baseline and exactness
+   reference, as ``hf`` is for the Hugging Face peers.
+6. Write ``report.md`` and the plots (:mod:`specgraft.bench.report`).
 
 A second turn (MT-bench) is the chat of turn 1, ``ar``'s own answer to it, and turn 2; every
 method gets those same ids. Speedup per task = total ``ar`` time / total method time over the
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import itertools
 import json
 import os
@@ -43,6 +48,7 @@ from specgraft.bench.environment import environment
 from specgraft.bench.peers import PEERS, HFPeer
 from specgraft.bench.records import AR_END, RESULTS_FILE, ResultRow, append_row, read_rows
 from specgraft.bench.repetition import self_repetition
+from specgraft.bench.vllm_peers import VLLM_BASELINE, VLLM_PEERS, VLLMSettings, check_vllm_python, default_vllm_python, run_vllm_peer
 from specgraft.methods import GRAFT_METHODS, LEARNING, METHODS, GraftOptions, MethodOptions, method_budget, method_names, with_sampled_drafts
 from specgraft.methods.graft import check_calibration_budget
 from specgraft.models.loading import load_draft_model
@@ -124,6 +130,11 @@ class BenchConfig:
     over the minutes a prompt takes, and the report prints how far the two runs differ."""
     progress: bool = True
     """Show a progress bar and print the resolved config."""
+    vllm_python: str | None = None
+    """Python of the vLLM venv that runs the vLLM peers; None = ``$SPECGRAFT_VLLM_PYTHON``, else
+    ``/work/.venv-vllm/bin/python`` (the resolved one is recorded in the rows)."""
+    vllm_spec_tokens: int = 5
+    """``num_speculative_tokens`` of every speculative vLLM peer."""
 
     def __post_init__(self) -> None:
         from specgraft.config import SamplingConfig
@@ -140,9 +151,9 @@ class BenchConfig:
             raise ValueError("no model given")
         if not self.out:
             raise ValueError("no output directory given")
-        known = list(method_names()) + list(PEERS)
+        known = list(method_names()) + list(PEERS) + list(VLLM_PEERS)
         for m in methods:
-            if m not in METHODS and m not in PEERS:
+            if m not in METHODS and m not in PEERS and m not in VLLM_PEERS:
                 raise ValueError(f"unknown method {m!r}; choose from {', '.join(known)}")
         if len(set(methods)) != len(methods):
             raise ValueError(f"a method is listed twice in {','.join(methods)}")
@@ -162,6 +173,8 @@ class BenchConfig:
             raise ValueError(f"budget must be an integer >= 1, got {self.budget!r}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.vllm_spec_tokens < 1:
+            raise ValueError(f"vllm_spec_tokens must be >= 1, got {self.vllm_spec_tokens}")
         if self.warmup_tokens < 1:
             raise ValueError(f"warmup_tokens must be >= 1, got {self.warmup_tokens}")
         SamplingConfig(temperature=self.temperature, seed=self.seed)
@@ -183,6 +196,20 @@ class BenchConfig:
         if peers or "hf" in self.methods:
             peers = ["hf", *peers]
         return ("ar", *ours, *peers, *((AR_END,) if self.bracket else ()))
+
+    @property
+    def vllm_methods(self) -> tuple[str, ...]:
+        """vLLM peers in run order, ``vllm`` (their baseline) first whenever one runs.
+
+        >>> BenchConfig(model="m", out="o", methods="pld,vllm-ngram").vllm_methods
+        ('vllm', 'vllm-ngram')
+        """
+        asked = [m for m in self.methods if m in VLLM_PEERS and m != VLLM_BASELINE]
+        return (VLLM_BASELINE, *asked) if asked or VLLM_BASELINE in self.methods else ()
+
+    @property
+    def resolved_vllm_python(self) -> str:
+        return self.vllm_python or default_vllm_python()
 
     @property
     def resolved_device(self) -> str:
@@ -225,7 +252,8 @@ class BenchConfig:
         """Fields that must be equal for rows from two sessions to be reported together
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
-                "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape")
+                "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape",
+                "vllm_spec_tokens")
         out = {k: getattr(self, k) for k in keep}
         out["datastores"] = list(self.datastores)  # as run.json stores it
         return out
@@ -271,6 +299,10 @@ class BenchConfig:
             parts += ["--reader-shape", self.reader_shape]
         if not self.bracket:
             parts += ["--no-bracket"]
+        if self.vllm_python:
+            parts += ["--vllm-python", self.vllm_python]
+        if self.vllm_spec_tokens != 5:
+            parts += ["--vllm-spec-tokens", str(self.vllm_spec_tokens)]
         parts += ["--out", self.out]
         return " ".join(shlex.quote(p) for p in parts)
 
@@ -397,7 +429,10 @@ def _session_id() -> str:
 
 # Config fields added after runs were first recorded: their value in a run.json that predates them.
 #: Runs made before ``learning`` existed kept every drafter's state across the session's inputs.
-_RECORDED_SINCE = {"preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None}
+_RECORDED_SINCE = {
+    "preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None,
+    "vllm_spec_tokens": 5,
+}
 
 
 def _check_resume(out: Path, cfg: BenchConfig) -> None:
@@ -550,8 +585,9 @@ def to_measure(run_methods: Sequence[str], stored: dict[tuple[str, int, str], Re
 def run_suite(
     suite: Suite, methods: dict[str, BenchMethod], session: Session, results: Path,
     stored: dict[tuple[str, int, str], ResultRow], console: Console,
-) -> None:
+) -> list[Generation]:
     """For every prompt and turn, run ``ar`` then the other methods; append each row as it comes.
+    Returns every input (prompt, turn), for the vLLM peers.
 
     Rows in ``stored`` are not measured again (but baselines, see :func:`to_measure`); their tokens
     still serve as references and as the ``ar`` answer a next turn is conditioned on.
@@ -561,6 +597,7 @@ def run_suite(
     has_template = bool(getattr(tokenizer, "chat_template", None))
     todo = sum(len(to_measure(cfg.run_methods, stored, p.id, t)) for p in suite.prompts for t in range(len(p.turns)))
     done, start = 0, time.perf_counter()
+    generations: list[Generation] = []
     with _progress(console, cfg.progress) as bar:
         job = bar.add_task("bench", total=todo)
         for prompt in suite.prompts:
@@ -568,6 +605,7 @@ def run_suite(
             answers: list[str] = []
             for turn in range(len(prompt.turns)):
                 gen = Generation(prompt, turn, conversation_ids(tokenizer, prompt.turns[: turn + 1], answers, chat), chat)
+                generations.append(gen)
                 ar_row: ResultRow | None = None
                 hf_tokens: list[int] | None = None
                 measure = to_measure(cfg.run_methods, stored, prompt.id, turn)
@@ -595,6 +633,94 @@ def run_suite(
                 # stored keeps the first ar row: the next turn is conditioned on the answer that the
                 # session which first measured this input saw
                 answers.append(decoder.decode(stored[(prompt.id, turn, "ar")].tokens))
+    return generations
+
+
+class TextOnly:
+    """What a session needs of the decoder once our models are released: decoding."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def run_vllm_peers(
+    generations: Sequence[Generation], session: Session, results: Path, stored: dict[tuple[str, int, str], ResultRow],
+    eos: Sequence[int], warmup_ids: Sequence[int], console: Console,
+) -> None:
+    """Each vLLM peer over every input, in vLLM's venv (one subprocess per peer); rows as for the
+    other peers, with ``vllm``'s output as the exactness reference (``agreement_hf``) and ``ar``'s
+    as ``agreement``. ``vllm`` runs again on the inputs where another vLLM peer runs (its
+    baseline comes from the same session)."""
+    cfg = session.cfg
+    from specgraft.models.resolve import resolve_model
+
+    settings = VLLMSettings(
+        model=resolve_model(cfg.model, progress=cfg.progress), python=cfg.resolved_vllm_python,
+        num_speculative_tokens=cfg.vllm_spec_tokens, datastores=tuple(cfg.datastores),
+    )
+    version = check_vllm_python(settings.python)
+    console.print(f"vLLM peers: vLLM {version} from {settings.python}, model {settings.model}")
+    key = {f"{g.prompt.id}:{g.turn}": g for g in generations}
+    todo = {m: [k for k, g in key.items() if (g.prompt.id, g.turn, m) not in stored] for m in cfg.vllm_methods}
+    others = {k for m, ks in todo.items() if m != VLLM_BASELINE for k in ks}
+    todo[VLLM_BASELINE] = [k for k in key if k in others or k in todo[VLLM_BASELINE]]
+    workdir = Path(cfg.out) / "vllm"
+    reference: dict[str, list[int]] = {}
+    for name in cfg.vllm_methods:
+        if not todo[name]:
+            continue
+        t0 = time.perf_counter()
+        runs = run_vllm_peer(
+            name, settings, [(k, key[k].ids) for k in todo[name]], eos, cfg.max_new_tokens, warmup_ids, workdir, cfg.warmup_tokens
+        )
+        for k in todo[name]:
+            gen, run = key[k], runs[k]
+            ar = stored[(gen.prompt.id, gen.turn, "ar")]
+            if name == VLLM_BASELINE:
+                reference[k] = run.tokens
+            base = reference.get(k) or stored[(gen.prompt.id, gen.turn, VLLM_BASELINE)].tokens
+            row = make_row(gen, name, _VLLMMethod(name), run, ar.tokens, base, session)
+            spec = run.config.get("spec_decode")
+            if spec is not None:
+                row.steps = row.new_tokens - spec["accepted_tokens"]  # each step emits its accepted drafts + 1
+                row.mat = round(row.new_tokens / row.steps, 4) if row.steps else None
+                if name != VLLM_BASELINE:
+                    row.proposed_by_source = {name: spec["draft_tokens"]}
+                    row.accepted_by_source = {name: spec["accepted_tokens"]}
+            append_row(results, row)
+            stored.setdefault(row.key, row)
+            if cfg.progress:
+                plain = None if name == VLLM_BASELINE else stored.get((gen.prompt.id, gen.turn, VLLM_BASELINE))
+                console.print(vllm_row_line(row, plain), markup=False, highlight=False, soft_wrap=True)
+        console.print(f"{name}: {len(todo[name])} generations in {time.perf_counter() - t0:.0f} s (engine start included)")
+
+
+def vllm_row_line(row: ResultRow, plain: ResultRow | None) -> str:
+    """A vLLM peer's row as a log line, its speedup over plain vLLM on the same input.
+
+    >>> from types import SimpleNamespace as R
+    >>> row = R(task="qa", prompt_id="spec_bench-321", turn=0, method="vllm-ngram", new_tokens=64, time_s=4.0, mat=2.5)
+    >>> vllm_row_line(row, R(time_s=6.0))
+    'qa spec_bench-321 turn 1 vllm-ngram: 64 tokens in 4.0 s (16.00 tok/s), MAT 2.50, 1.50x vllm'
+    """
+    rate = row.new_tokens / row.time_s if row.time_s > 0 else 0.0
+    line = f"{row.task} {row.prompt_id} turn {row.turn + 1} {row.method}: {row.new_tokens} tokens in {row.time_s:.1f} s ({rate:.2f} tok/s)"
+    if row.mat is not None:
+        line += f", MAT {row.mat:.2f}"
+    if plain and row.time_s > 0:
+        line += f", {plain.time_s / row.time_s:.2f}x {VLLM_BASELINE}"
+    return line
+
+
+@dataclass
+class _VLLMMethod:
+    """A vLLM peer as :func:`make_row` sees it."""
+
+    name: str
+    is_peer: bool = True
 
 
 def run_benchmark(cfg: BenchConfig, console: Console | None = None) -> Path:
@@ -627,8 +753,16 @@ def run_benchmark(cfg: BenchConfig, console: Console | None = None) -> Path:
         console.print_json(json.dumps({"config": info["config"], "environment": session.environment}))
 
     first_chat = bool(suite.prompts) and suite.prompts[0].chat and has_template
-    warm_up(methods, models.decoder.encode(WARMUP_PROMPT, chat=first_chat), cfg.warmup_tokens)
-    run_suite(suite, methods, session, results, stored, console)
+    warmup_ids = models.decoder.encode(WARMUP_PROMPT, chat=first_chat)
+    warm_up(methods, warmup_ids, cfg.warmup_tokens)
+    generations = run_suite(suite, methods, session, results, stored, console)
+    if cfg.vllm_methods:
+        eos = sorted(models.decoder.engine.eos_token_ids)
+        # one model copy at a time: ours is released before vLLM loads its own
+        session = dataclasses.replace(session, decoder=TextOnly(models.decoder.tokenizer))
+        del methods, models
+        gc.collect()
+        run_vllm_peers(generations, session, results, stored, eos, warmup_ids, console)
     report = write_report(cfg.out)
     if cfg.progress:
         console.print(f"wrote {results}, {report} and {Path(cfg.out) / 'plots'}")

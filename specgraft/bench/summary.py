@@ -34,6 +34,8 @@ class Cell:
     prefill_s: float | None = 0.0
     ar_prefill_s: float = 0.0
     exact: int = 0
+    exact_own: int = 0
+    """Peers: outputs equal to their own engine's plain output (``agreement_hf``)."""
     fraction_equal_sum: float = 0.0
     first_divergence: int | None = None
     tokens_per_step: Counter = field(default_factory=Counter)
@@ -91,6 +93,7 @@ class Cell:
         else:
             self.steps += row.steps
         self.exact += bool(row.agreement["exact"])
+        self.exact_own += bool(row.agreement_hf and row.agreement_hf["exact"])
         self.fraction_equal_sum += row.agreement["fraction_equal"]
         first = row.agreement["first_divergence"]
         if first is not None:
@@ -121,9 +124,19 @@ class Summary:
         return self.cells.get((method, task))
 
 
+def own_plain(method: str) -> str:
+    """A peer's own engine's plain run, its ``vs own plain`` baseline: ``vllm`` for the vLLM
+    peers, ``hf`` (Hugging Face ``generate``) for the others.
+
+    >>> own_plain("vllm-ngram"), own_plain("hf-pld")
+    ('vllm', 'hf')
+    """
+    return "vllm" if method == "vllm" or method.startswith("vllm-") else "hf"
+
+
 def summarize(rows: Sequence[ResultRow]) -> Summary:
-    """Pool rows per (method, task) and overall; speedups pair each row with ``ar`` (and ``hf``)
-    on the same (prompt, turn), measured in the row's own session.
+    """Pool rows per (method, task) and overall; speedups pair each row with ``ar`` (and its own
+    engine's plain run, :func:`own_plain`) on the same (prompt, turn), measured in the row's own session.
 
     A resumed session that adds methods to an input measures its baselines again
     (:func:`specgraft.bench.runner.to_measure`), so an input may hold several ``ar`` rows: each
@@ -154,7 +167,7 @@ def summarize(rows: Sequence[ResultRow]) -> Summary:
             continue
         if first[r.key] is not r:
             continue
-        hf, ar_end = base(r, "hf"), base(r, AR_END)
+        hf, ar_end = base(r, own_plain(r.method)), base(r, AR_END)
         for task in (r.task, OVERALL):
             cell = cells.setdefault((r.method, task), Cell(r.method, task, r.peer))
             cell.add(r, ar, hf, ar_end)

@@ -18,7 +18,8 @@ def bench(
     ),
     methods: str = typer.Option(
         "ar,pld,recycling", "--methods",
-        help=f"Comma list of registry methods ({', '.join(method_names())}) and peers hf, hf-pld, hf-assisted. "
+        help=f"Comma list of registry methods ({', '.join(method_names())}), peers hf, hf-pld, hf-assisted, and vLLM peers "
+        "vllm, vllm-ngram, vllm-specgraft-pld, vllm-specgraft-reader (run in vLLM's venv: --vllm-python). "
         "'all' = every registry method and peer (those needing a draft model only with --draft-model). "
         "ar always runs (the baseline); hf runs whenever a peer does.",
     ),
@@ -58,6 +59,11 @@ def bench(
         None, "--datastore", help="Datastore directory for the reader methods (repeat or comma list; recorded)."
     ),
     reader_shape: Optional[str] = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune` (recorded)."),
+    vllm_python: Optional[str] = typer.Option(
+        None, "--vllm-python",
+        help="Python of the vLLM venv that runs the vLLM peers (default: $SPECGRAFT_VLLM_PYTHON, else /work/.venv-vllm/bin/python).",
+    ),
+    vllm_spec_tokens: int = typer.Option(5, "--vllm-spec-tokens", help="num_speculative_tokens of the speculative vLLM peers."),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md, plots/."),
     resume: bool = typer.Option(False, "--resume", help="Continue a run in --out, skipping finished rows."),
     bracket: bool = typer.Option(
@@ -83,7 +89,7 @@ def bench(
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
         threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
         preset=preset, sample_drafts=sample_drafts, device=device, learning=learning, datastores=split_paths(datastore),
-        reader_shape=reader_shape,
+        reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens,
     )
     report = run_benchmark(config)
     typer.echo(report.read_text())

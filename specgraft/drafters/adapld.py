@@ -132,6 +132,17 @@ class AdaPLDConfig:
         if len(self.prior_first) != len(self.prior_later) or not self.prior_first:
             raise ValueError("prior_first and prior_later need the same, non-zero length")
 
+    @property
+    def lexical_only(self) -> bool:
+        """No semantic fallback, no reranking, no branches: the most recent lexical anchor's main
+        copy, which needs nothing of the target but token ids (the vLLM proposer,
+        ``specgraft/integrations/vllm.py``).
+
+        >>> AdaPLDConfig(fallback=False, rerank=False, branches=False).lexical_only
+        True
+        """
+        return not (self.fallback or self.rerank or self.branches)
+
 
 @dataclass
 class AdaPLDState:
@@ -196,7 +207,8 @@ class AdaPLDDrafter(StatelessDrafter):
 
     ``embeddings`` is the target's ``[V, H]`` input embedding matrix (the semantic fallback);
     ``layer`` the decoder layer whose hidden states rerank anchors (``HFTarget`` returns them
-    for the prompt at prefill and for every verified row).
+    for the prompt at prefill and for every verified row). A ``config.lexical_only`` drafter
+    needs neither (``embeddings=None``): it reads token ids alone and asks the target for nothing.
     """
 
     name: ClassVar[str] = "adapld"
@@ -204,7 +216,7 @@ class AdaPLDDrafter(StatelessDrafter):
 
     def __init__(
         self,
-        embeddings: torch.Tensor,
+        embeddings: torch.Tensor | None,
         layer: int,
         config: AdaPLDConfig = AdaPLDConfig(),
         learning: Learning = Learning.REQUEST,
@@ -214,7 +226,10 @@ class AdaPLDDrafter(StatelessDrafter):
         # final hidden states [n, H] -> logits [n, V] (the target's output embedding)
         self.logits_of = logits_of
         self.hidden_layer = layer
-        self.embeddings = embeddings.detach()
+        if embeddings is None and not config.lexical_only:
+            raise ValueError("AdaPLD's semantic fallback, reranking and branches need the target's input embeddings")
+        # [V, H], or None (lexical only)
+        self.embeddings = embeddings.detach() if embeddings is not None else None
         self.learning = Learning(learning)
         c = config
         self.rates = CopyRates(c.prior_first, c.prior_later, c.prior_strength)
@@ -228,6 +243,8 @@ class AdaPLDDrafter(StatelessDrafter):
         return max(self.config.branch_k + 1, 1)
 
     def prefill_request(self) -> PrefillRequest:
+        if self.config.lexical_only:
+            return PrefillRequest()
         if self.logits_of is not None:
             return PrefillRequest(hidden=True, hidden_layer=self.hidden_layer, final_hidden=self.config.branches)
         return PrefillRequest(topk=self.top_k, hidden=True, topk_probs=True, hidden_layer=self.hidden_layer)
@@ -236,7 +253,7 @@ class AdaPLDDrafter(StatelessDrafter):
         shared = self.learning is Learning.SHARED
         state = AdaPLDState(
             tokens=np.asarray(prompt, dtype=np.int64),
-            hidden=np.zeros((0, self.embeddings.shape[1]), dtype=np.float32),
+            hidden=np.zeros((0, self.embeddings.shape[1] if self.embeddings is not None else 0), dtype=np.float32),
             top_ids=np.zeros((0, self.top_k), dtype=np.int64),
             top_probs=np.zeros((0, self.top_k), dtype=np.float32),
             known=0,
@@ -244,7 +261,7 @@ class AdaPLDDrafter(StatelessDrafter):
             branch_rate=self.branch_rate if shared else self.branch_rate.copy(),
             successor_rate=self.successor_rate if shared else self.successor_rate.copy(),
         )
-        if len(prompt) > 1:
+        if len(prompt) > 1 and not self.config.lexical_only:
             if prefill.hidden is None:
                 raise ValueError("AdaPLD needs the prefill's hidden states (prefill_request)")
             n = len(prefill.hidden)
@@ -386,12 +403,13 @@ class AdaPLDDrafter(StatelessDrafter):
 
     def observe(self, state: AdaPLDState, step: StepResult) -> None:
         """Extend the memory with the verified rows' hidden states and top-k; learn the rates."""
-        rows = [0, *(i + 1 for i in step.verify.accepted)]
-        if step.hidden is None:
-            raise ValueError("AdaPLD needs the verify pass's hidden states (needs_hidden)")
-        idx = torch.as_tensor(rows, device=step.logits.device)
-        ids, probs = _top(step.logits[idx], self.top_k)
-        state.append_rows(_unit(step.hidden[idx.to(step.hidden.device)]), ids, probs)
+        if not self.config.lexical_only:
+            rows = [0, *(i + 1 for i in step.verify.accepted)]
+            if step.hidden is None:
+                raise ValueError("AdaPLD needs the verify pass's hidden states (needs_hidden)")
+            idx = torch.as_tensor(rows, device=step.logits.device)
+            ids, probs = _top(step.logits[idx], self.top_k)
+            state.append_rows(_unit(step.hidden[idx.to(step.hidden.device)]), ids, probs)
         state.sync(step.context)
         if state.last is None:
             return

