@@ -30,6 +30,15 @@ DEMO_PROMPT = (
 )
 
 
+def draft_quant_option() -> typer.models.OptionInfo:
+    """``--draft-quant``, as ``generate``, ``bench`` and ``calibrate`` take it (``models/quant.py``)."""
+    return typer.Option(
+        "auto", "--draft-quant",
+        help="Numerics of the draft model only (outputs stay the target's): auto (int8 on CPU, bf16 on a GPU), "
+        "int8, bf16, fp16 or none (the draft in --dtype).",
+    )
+
+
 def set_threads(threads: Optional[int]) -> None:
     import torch
 
@@ -172,6 +181,7 @@ def generate(
     ),
     draft_depth: Optional[int] = typer.Option(None, "--draft-depth", help="Draft forwards per step (default: the preset's)."),
     draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", help="Children per expanded draft node (default: the preset's)."),
+    draft_quant: str = draft_quant_option(),
     threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice)."),
     device: str = typer.Option("auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; the draft model's too."),
     learning: str = typer.Option("request", help="request (default) or shared: see `specgraft.drafters.base.Learning`."),
@@ -184,7 +194,8 @@ def generate(
     from specgraft.methods.reader import reader_config
 
     graft = GraftOptions(
-        draft_model=draft_model, draft_dtype=dtype, preset=preset, depth=draft_depth, top_k=draft_top_k, calibration=calibration
+        draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant, preset=preset, depth=draft_depth, top_k=draft_top_k,
+        calibration=calibration,
     )
     if sample_drafts:
         graft = with_sampled_drafts(graft, temperature)
