@@ -58,7 +58,7 @@ def test_int8_draft_linears_are_quantized_not_repacked(tiny_model_dir):
 
 
 def test_resolve_draft_quant():
-    assert resolve_draft_quant("auto", "cpu") == "int8"
+    assert resolve_draft_quant("auto", "cpu") == "none", "int8 lost 7% MAT on benchmark prompts: opt-in"
     assert resolve_draft_quant("auto", "cuda") == "bf16"
     assert resolve_draft_quant("none", "cpu") == "none"
     with pytest.raises(ValueError, match="int8 runs on CPU only"):
@@ -91,7 +91,7 @@ def test_resume_of_a_run_recorded_before_draft_quant(tmp_path):
         return cfg
 
     _check_resume(tmp_path, old_run())
-    cfg = old_run(draft_model="d")
+    old_run(draft_model="d")
     with pytest.raises(ValueError, match="resolved_draft_quant: 'none' before, 'int8' now"):
-        _check_resume(tmp_path, cfg)
-    _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", draft_model="d", draft_quant="none"))
+        _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", draft_model="d", draft_quant="int8"))
+    _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", draft_model="d"))

@@ -75,7 +75,7 @@ class BenchConfig:
     """Draft model (same tokenizer as the target), loaded once for ``hf-assisted``, ``draft-tree``
     and the Graft variants."""
     draft_quant: str = "auto"
-    """Numerics of the draft model (``int8``, ``bf16``, ``fp16``, ``none``; ``auto``: int8 on CPU,
+    """Numerics of the draft model (``int8``, ``bf16``, ``fp16``, ``none``; ``auto``: none on CPU,
     bf16 on a GPU; ``GraftOptions.draft_quant``); ``hf-assisted`` gets the same loaded draft. The
     resolved one is recorded (``resolved_draft_quant``)."""
     per_task: int | None = None

@@ -34,7 +34,7 @@ def draft_quant_option() -> typer.models.OptionInfo:
     """``--draft-quant``, as ``generate``, ``bench`` and ``calibrate`` take it (``models/quant.py``)."""
     return typer.Option(
         "auto", "--draft-quant",
-        help="Numerics of the draft model only (outputs stay the target's): auto (int8 on CPU, bf16 on a GPU), "
+        help="Numerics of the draft model only (outputs stay the target's): auto (none on CPU, bf16 on a GPU), "
         "int8, bf16, fp16 or none (the draft in --dtype).",
     )
 
