@@ -11,7 +11,7 @@ module is applied to draft models only (``models/loading.py``); the target is ne
   per output channel), activations quantized per call with a per-tensor scale, int32
   accumulation (fbgemm/oneDNN's ``quantized::linear_dynamic``). CPU only.
 - ``auto``: ``none`` on CPU, ``bf16`` on a GPU (:data:`AUTO`). On this project's AVX2 CPU an
-  int8 draft forward costs 2.3-3.2x less than fp32 but lost 7% of MAT on benchmark prompts
+  int8 draft forward costs 2.3-3.2x less than fp32 but lost 6.5-7% of MAT on benchmark prompts
   (``benchmarks/README.md``), over the ~3% a default may lose; bf16 and fp16 are emulated and
   slower from two rows on. So int8 is opt-in until a tokens/s benchmark on a quiet machine
   decides; a GPU computes bf16 natively.
