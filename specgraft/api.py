@@ -26,6 +26,7 @@ from specgraft.methods import GRAFT_METHODS, MethodOptions, get_method, method_b
 from specgraft.methods.graft import check_calibration_budget
 from specgraft.models.hf import HFTarget, load_causal_lm, parse_dtype, resolve_device
 from specgraft.models.loading import load_draft_model
+from specgraft.models.quant import draft_numerics
 from specgraft.types import GenerationStats
 
 
@@ -88,7 +89,7 @@ class SpecDecoder:
         if draft_model is None and self.spec.needs_draft_model:
             self.spec.check(options)
             graft = options.graft
-            draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, self.target.device, progress, tokenizer)
+            draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, self.target.device, progress, tokenizer, graft.draft_quant)
         self.draft_model = draft_model
         if options.datastores and tokenizer is not None and method.startswith("reader"):
             from specgraft.methods.reader import load_method_datastores
@@ -325,6 +326,7 @@ class SpecDecoder:
             out["draft_model"] = {
                 "name_or_path": getattr(self.draft_model.config, "_name_or_path", None),
                 "dtype": _dtype_name(next(self.draft_model.parameters()).dtype),
+                "numerics": draft_numerics(self.draft_model),
             }
         return out
 

@@ -63,6 +63,8 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
         (["--method", "graft"], "method 'graft' needs a draft model (--draft-model)"),
         (["--method", "draft-tree", "--preset", "tpu"], "unknown draft preset 'tpu'; choose one of cpu, gpu"),
         (["--method", "draft-tree", "--draft-depth", "0"], "depth must be an integer >= 1, got 0"),
+        (["--method", "draft-tree", "--draft-model", "DRAFT", "--draft-quant", "int4"],
+         "unknown draft quantization 'int4'; choose one of auto, none, int8, bf16, fp16"),
         (["--method", "graft", "--draft-model", "DRAFT", "--calibration", "missing.json"],
          "calibration file 'missing.json' does not exist; write one with `specgraft calibrate`"),
     ],
@@ -94,8 +96,38 @@ def test_generate_draft_tree(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir
     assert config["generation"]["budget"] == METHODS["draft-tree"].default_budget
     graft = config["options"]["graft"]
     assert (graft["draft_model"], graft["depth"], graft["top_k"], graft["draft_dtype"]) == (tiny_draft_dir, 2, 3, "float32")
-    assert config["draft_model"] == {"name_or_path": tiny_draft_dir, "dtype": "float32"}
+    # --draft-quant auto: the draft in --dtype on CPU, bf16 on a GPU
+    expected_numerics = "float32" if torch.device(config["device"]).type == "cpu" else "bfloat16"
+    assert config["draft_model"] == {"name_or_path": tiny_draft_dir, "dtype": "float32", "numerics": expected_numerics}
     assert data["stats"]["proposed_by_source"]["draft"] > 0
+
+
+@pytest.mark.parametrize("quant, numerics", [("none", "float32"), ("int8", "int8"), ("bf16", "bfloat16")])
+def test_generate_with_draft_quant(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir, quant, numerics):
+    """--draft-quant reaches the loaded draft model and the recorded config; the output is still ar's."""
+    code, out, err = run_cli(
+        monkeypatch, capsys, "generate", "--model", tiny_model_dir, "--dtype", "float32", "--method", "graft-fixed",
+        "--draft-model", tiny_draft_dir, "--draft-quant", quant, "--max-new-tokens", "12", "--threads", "1", "--compare", "--json", PROMPT,
+    )
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["agreement"] == 1.0 and data["first_divergence"] is None
+    assert data["config"]["options"]["graft"]["draft_quant"] == quant
+    assert data["config"]["draft_model"]["numerics"] == numerics
+
+
+@pytest.mark.parametrize("command", ["bench", "calibrate"])
+def test_bad_draft_quant_in_bench_and_calibrate(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir, tmp_path, command):
+    args = ["--model", tiny_model_dir, "--draft-model", tiny_draft_dir, "--draft-quant", "int4"]
+    if command == "bench":
+        args += ["--methods", "draft-tree", "--suite", "humaneval:1", "--out", str(tmp_path / "b")]
+    else:
+        corpus = tmp_path / "corpus.jsonl"
+        corpus.write_text('{"prompt": "w5 w6", "response": "w7 w8"}\n')
+        args += ["--corpus", str(corpus), "--out", str(tmp_path / "c.json")]
+    code, _, err = run_cli(monkeypatch, capsys, command, *args)
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert "unknown draft quantization 'int4'" in err
 
 
 def test_calibrate_then_generate_graft(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir, tmp_path):

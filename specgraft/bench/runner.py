@@ -80,6 +80,10 @@ class BenchConfig:
     draft_model: str | None = None
     """Draft model (same tokenizer as the target), loaded once for ``hf-assisted``, ``draft-tree``
     and the Graft variants."""
+    draft_quant: str = "auto"
+    """Numerics of the draft model (``int8``, ``bf16``, ``fp16``, ``none``; ``auto``: none on CPU,
+    bf16 on a GPU; ``GraftOptions.draft_quant``); ``hf-assisted`` gets the same loaded draft. The
+    resolved one is recorded (``resolved_draft_quant``)."""
     per_task: int | None = None
     """First N prompts of each task, in file order (None = all)."""
     max_new_tokens: int = 128
@@ -179,6 +183,7 @@ class BenchConfig:
             raise ValueError(f"warmup_tokens must be >= 1, got {self.warmup_tokens}")
         SamplingConfig(temperature=self.temperature, seed=self.seed)
         parse_dtype(self.dtype, self.resolved_device)
+        self.resolved_draft_quant  # int8 off the CPU is an error
         if self.learning not in LEARNING:
             raise ValueError(f"learning must be one of {', '.join(LEARNING)}, got {self.learning!r}")
         if self.recycling_state is not None and not Path(self.recycling_state).is_file():
@@ -219,6 +224,13 @@ class BenchConfig:
         return str(resolve_device(self.device))
 
     @property
+    def resolved_draft_quant(self) -> str | None:
+        """``draft_quant`` with ``auto`` resolved for the device (None without a draft model)."""
+        from specgraft.models.quant import resolve_draft_quant
+
+        return resolve_draft_quant(self.draft_quant, self.resolved_device) if self.draft_model else None
+
+    @property
     def resolved_dtype(self) -> str:
         """``dtype`` with ``auto`` resolved on this machine and device, e.g. ``"float32"``."""
         from specgraft.models.hf import parse_dtype
@@ -238,7 +250,9 @@ class BenchConfig:
 
     def method_options(self) -> MethodOptions:
         """The options every registry method is built with."""
-        graft = GraftOptions(draft_model=self.draft_model, draft_dtype=self.dtype, preset=self.preset, calibration=self.calibration)
+        graft = GraftOptions(
+            draft_model=self.draft_model, draft_dtype=self.dtype, draft_quant=self.draft_quant, preset=self.preset, calibration=self.calibration
+        )
         if self.sample_drafts:
             graft = with_sampled_drafts(graft, self.temperature)
         from specgraft.methods.reader import reader_config
@@ -251,7 +265,7 @@ class BenchConfig:
     def comparable(self) -> dict[str, Any]:
         """Fields that must be equal for rows from two sessions to be reported together
         (``budgets`` only for the methods both sessions run)."""
-        keep = ("model", "draft_model", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
+        keep = ("model", "draft_model", "resolved_draft_quant", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
                 "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape",
                 "vllm_spec_tokens")
         out = {k: getattr(self, k) for k in keep}
@@ -270,6 +284,8 @@ class BenchConfig:
         parts = ["specgraft", "bench", "--model", self.model]
         if self.draft_model:
             parts += ["--draft-model", self.draft_model]
+        if self.draft_quant != "auto":
+            parts += ["--draft-quant", self.draft_quant]
         parts += ["--methods", ",".join(self.methods), "--suite", self.suite]
         if self.per_task is not None:
             parts += ["--per-task", str(self.per_task)]
@@ -356,7 +372,10 @@ def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
         raise ValueError(f"model {cfg.model!r} has no tokenizer; the benchmark needs one")
     draft = None
     if cfg.draft_model:
-        draft = load_draft_model(cfg.draft_model, cfg.dtype, decoder.target.device, progress=cfg.progress, target_tokenizer=decoder.tokenizer)
+        draft = load_draft_model(
+            cfg.draft_model, cfg.dtype, decoder.target.device, progress=cfg.progress, target_tokenizer=decoder.tokenizer,
+            quant=cfg.draft_quant,
+        )
     return LoadedModels(decoder, draft)
 
 
@@ -429,7 +448,9 @@ def _session_id() -> str:
 
 # Config fields added after runs were first recorded: their value in a run.json that predates them.
 #: Runs made before ``learning`` existed kept every drafter's state across the session's inputs.
+#: Before ``draft_quant``, a draft model ran in the target's dtype (a run without one records None).
 _RECORDED_SINCE = {
+    "resolved_draft_quant": lambda before: "none" if before.get("draft_model") else None,
     "preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None,
     "vllm_spec_tokens": 5,
 }
@@ -442,7 +463,8 @@ def _check_resume(out: Path, cfg: BenchConfig) -> None:
     before = json.loads(run_file.read_text())["config"]
     diff = {}
     for key, now in cfg.comparable().items():
-        then = before.get(key, _RECORDED_SINCE.get(key))
+        default = _RECORDED_SINCE.get(key)
+        then = before.get(key, default(before) if callable(default) else default)
         if key == "budgets" and isinstance(then, dict):
             # a resumed session may add or drop methods: compare those both sessions run
             then = {m: b for m, b in then.items() if m in now}
@@ -507,7 +529,7 @@ def _write_run_info(cfg: BenchConfig, suite: Suite, session: Session, notes: lis
     info = {
         "config": {
             **cfg.to_dict(), "run_methods": list(cfg.run_methods), "resolved_dtype": cfg.resolved_dtype,
-            "resolved_device": cfg.resolved_device, "budgets": budgets,
+            "resolved_draft_quant": cfg.resolved_draft_quant, "resolved_device": cfg.resolved_device, "budgets": budgets,
         },
         "command": cfg.to_command(),
         "environment": session.environment,

@@ -72,6 +72,7 @@ def bench_serve(
     suite: str = typer.Option("spec-bench:1", "--suite", help="Prompt suites as for `specgraft bench` (first turns are used)."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens per request (EOS does not stop: equal work)."),
     cost_table: Optional[str] = typer.Option(None, "--cost-table", help="Cost table JSON (default: the measured or shipped one for the model)."),
+    draft_quant: str = typer.Option("auto", "--draft-quant", help="Numerics of the draft model only: auto, int8, bf16, fp16 or none."),
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also run Hugging Face generate on padded batches."),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, bfloat16, float16 or float32."),
@@ -98,7 +99,7 @@ def bench_serve(
         if spec.needs_draft_model and not draft_model:
             raise ValueError(f"method {name} needs --draft-model")
     set_threads(threads)
-    options = MethodOptions(graft=GraftOptions(draft_model=draft_model, draft_dtype=dtype)) if draft_model else MethodOptions()
+    options = MethodOptions(graft=GraftOptions(draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant)) if draft_model else MethodOptions()
     ar = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device, options=options)
     decoders = {"ar": ar} | {n: ar.with_method(n) for n in names[1:]}
     path = cost_table or find_cost_table(ar.target.name, str(ar.target.device), torch.get_num_threads())
@@ -118,6 +119,6 @@ def bench_serve(
     meta = {
         "model": model, "draft_model": draft_model, "methods": names, "batch_sizes": sizes, "suite": suite, "prompts": len(prompts),
         "max_new_tokens": max_new_tokens, "cost_table": str(path) if path else None, "threads": torch.get_num_threads(),
-        "device": str(ar.target.device), "dtype": str(ar.target.dtype).replace("torch.", ""),
+        "device": str(ar.target.device), "dtype": str(ar.target.dtype).replace("torch.", ""), "draft_quant": draft_quant if draft_model else None,
     }
     typer.echo(write_rows(rows, out, meta).read_text())

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from specgraft.cli.generate import draft_quant_option
 from specgraft.methods import method_names  # imports no torch
 
 
@@ -16,6 +17,7 @@ def bench(
         None, "--draft-model",
         help="Draft model (same tokenizer), loaded once for hf-assisted, draft-tree and the graft variants.",
     ),
+    draft_quant: str = draft_quant_option(),
     methods: str = typer.Option(
         "ar,pld,recycling", "--methods",
         help=f"Comma list of registry methods ({', '.join(method_names())}), peers hf, hf-pld, hf-assisted, and vLLM peers "
@@ -85,7 +87,7 @@ def bench(
     from specgraft.cli.generate import split_paths
 
     config = BenchConfig(
-        model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, per_task=per_task,
+        model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, draft_quant=draft_quant, per_task=per_task,
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
         threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
         preset=preset, sample_drafts=sample_drafts, device=device, learning=learning, datastores=split_paths(datastore),

@@ -22,6 +22,8 @@ from typing import Optional
 
 import typer
 
+from specgraft.cli.generate import draft_quant_option
+
 #: The presets as ``--preset``'s help describes them (``tests/test_calibrate_cli.py`` checks
 #: this against ``drafters.draft_model.PRESETS``, which this module does not import: torch).
 PRESET_HELP = "cpu (depth 4, top-k 2, 8 nodes) or gpu (the paper's depth 8, top-k 10, 60 nodes)"
@@ -61,6 +63,7 @@ def calibrate(
     ),
     dtype: str = typer.Option("auto", help="Target dtype: auto (float32 on CPUs without native bf16), bfloat16 or float32."),
     draft_dtype: Optional[str] = typer.Option(None, help="Draft model dtype (default: the target's)."),
+    draft_quant: str = draft_quant_option(),
     chat: bool = typer.Option(True, help="Wrap records in the chat template."),
     k: int = typer.Option(8, help="Successors per token in the matrix."),
     threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice)."),
@@ -78,6 +81,7 @@ def calibrate(
     from specgraft.methods import GraftOptions, preset_budget
     from specgraft.models.hf import parse_dtype, resolve_device
     from specgraft.models.loading import load_draft_model
+    from specgraft.models.quant import resolve_draft_quant
 
     err = Console(stderr=True, highlight=False)
     variants = list(dict.fromkeys(method))
@@ -98,6 +102,7 @@ def calibrate(
     parse_dtype(dtype, device)
     draft_dtype = draft_dtype or dtype
     parse_dtype(draft_dtype, device)
+    draft_quant = resolve_draft_quant(draft_quant, device)
     set_threads(threads)
     # groups: corpus files, or tasks; per group the first records warm up, the next are decoded
     banned = benchmark_turns(exclude)
@@ -126,13 +131,13 @@ def calibrate(
             from specgraft.calibration.warmup import warm_up_matrix
 
             warm_up_matrix(dec.target, dec.tokenizer, warm, start, chat=chat, progress=True)
-    draft = load_draft_model(draft_model, draft_dtype, device, target_tokenizer=dec.tokenizer)
-    check_vocab(dec.target.vocab_size, draft.get_output_embeddings().weight.shape[0])
+    draft = load_draft_model(draft_model, draft_dtype, device, target_tokenizer=dec.tokenizer, quant=draft_quant)
+    check_vocab(dec.target.vocab_size, draft.get_output_embeddings().out_features)
     decoded = [r for r in held_out if r.prompt]
     prompt_ids = [dec.encode(r.prompt, chat=chat) for r in decoded]
     tasks = list(groups) if by_task else []
     err.print(
-        f"calibrate {', '.join(variants)}: target {model} ({dtype}), draft {draft_model} ({draft_dtype}), preset {preset} "
+        f"calibrate {', '.join(variants)}: target {model} ({dtype}), draft {draft_model} ({draft_dtype}, {draft_quant}), preset {preset} "
         f"(depth {p.depth}, top-k {p.top_k}, checkpoints {p.checkpoints}), budget {budget}, "
         f"{len(warm)} warm-up records, {len(prompt_ids)} prompts x {max_new_tokens} tokens"
         + (f" over tasks {', '.join(tasks)}" if by_task else "")
@@ -144,7 +149,7 @@ def calibrate(
         depth=p.depth, top_k=p.top_k, checkpoints=p.checkpoints, budget=budget,
         max_new_tokens=max_new_tokens, k=k, chat=chat, progress=True, matrix=start,
         variants=variants, prompt_tasks=[r.task for r in decoded] if by_task else None, tie_se=tie_se,
-        meta={"methods": variants, "model": model, "draft_model": draft_model, "dtype": dtype, "draft_dtype": draft_dtype,
+        meta={"methods": variants, "model": model, "draft_model": draft_model, "dtype": dtype, "draft_dtype": draft_dtype, "draft_quant": draft_quant,
               "preset": preset, "corpus": list(corpus), "warm_records": len(warm), "prompts": len(prompt_ids),
               "by_task": by_task, "task_field": task_field if by_task else None, "tasks": tasks,
               "dropped_benchmark_prompts": dropped, "exclude": list(exclude), "start_matrix": matrix,

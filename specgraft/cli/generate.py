@@ -30,6 +30,15 @@ DEMO_PROMPT = (
 )
 
 
+def draft_quant_option() -> typer.models.OptionInfo:
+    """``--draft-quant``, as ``generate``, ``bench`` and ``calibrate`` take it (``models/quant.py``)."""
+    return typer.Option(
+        "auto", "--draft-quant",
+        help="Numerics of the draft model only (outputs stay the target's): auto (none on CPU, bf16 on a GPU), "
+        "int8, bf16, fp16 or none (the draft in --dtype).",
+    )
+
+
 def set_threads(threads: Optional[int]) -> None:
     import torch
 
@@ -177,13 +186,15 @@ def method_options(
     datastore: Optional[list[str]],
     reader_shape: Optional[str],
     sample_drafts_at: Optional[float] = None,
+    draft_quant: str = "auto",
 ) -> MethodOptions:
     """The :class:`MethodOptions` of the options above; ``sample_drafts_at``: sample draft children
-    at this temperature (``--sample-drafts``)."""
+    at this temperature (``--sample-drafts``); ``draft_quant``: the draft model's numerics."""
     from specgraft.methods.reader import reader_config
 
     graft = GraftOptions(
-        draft_model=draft_model, draft_dtype=dtype, preset=preset, depth=draft_depth, top_k=draft_top_k, calibration=calibration
+        draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant, preset=preset, depth=draft_depth, top_k=draft_top_k,
+        calibration=calibration,
     )
     if sample_drafts_at is not None:
         graft = with_sampled_drafts(graft, sample_drafts_at)
@@ -218,6 +229,7 @@ def generate(
     ),
     draft_depth: Optional[int] = DRAFT_DEPTH,
     draft_top_k: Optional[int] = DRAFT_TOP_K,
+    draft_quant: str = draft_quant_option(),
     threads: Optional[int] = THREADS,
     device: str = DEVICE,
     learning: str = LEARNING,
@@ -228,7 +240,7 @@ def generate(
     options = method_options(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore,
-        reader_shape=reader_shape, sample_drafts_at=temperature if sample_drafts else None,
+        reader_shape=reader_shape, sample_drafts_at=temperature if sample_drafts else None, draft_quant=draft_quant,
     )
     run_generate(
         prompt, model, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

@@ -9,6 +9,7 @@ import typer
 
 from specgraft.cli.generate import (
     CALIBRATION, DATASTORE, DEVICE, DRAFT_DEPTH, DRAFT_MODEL, DRAFT_TOP_K, DTYPE, LEARNING, PRESET, READER_SHAPE, RECYCLING_STATE,
+    draft_quant_option,
     THREADS, _method_help, err, method_options, set_threads,
 )
 
@@ -45,6 +46,7 @@ def serve(
     preset: str = PRESET,
     draft_depth: Optional[int] = DRAFT_DEPTH,
     draft_top_k: Optional[int] = DRAFT_TOP_K,
+    draft_quant: str = draft_quant_option(),
     recycling_state: Optional[str] = RECYCLING_STATE,
     learning: str = LEARNING,
     datastore: Optional[list[str]] = DATASTORE,
@@ -72,6 +74,7 @@ def serve(
     options = method_options(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore, reader_shape=reader_shape,
+        draft_quant=draft_quant,
     )
     decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options)
     if cost_table is None:

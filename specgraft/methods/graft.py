@@ -53,6 +53,10 @@ class GraftOptions:
     draft_dtype: str = "auto"
     """dtype the draft model is loaded in (``auto``: float32 on CPUs without native bf16, see
     ``models/kernels.py``); it is always loaded on the target's device."""
+    draft_quant: str = "auto"
+    """Numerics of the draft model only (the target is never changed, so outputs are too):
+    ``int8`` (dynamic quantization of its linears, CPU), ``bf16``, ``fp16``, ``none`` (``draft_dtype``),
+    or ``auto``: none on CPU, bf16 on a GPU (``models/quant.py``; measured in the README)."""
     preset: str = "cpu"
     """``cpu`` (depth 4, top-k 2, checkpoints 0/1/2, budget 8) or ``gpu`` (the paper: depth 8,
     top-k 10, checkpoints 0/1/5, budget 60); see ``PRESETS`` in ``drafters/draft_model.py``. A
@@ -76,8 +80,10 @@ class GraftOptions:
 
     def __post_init__(self) -> None:
         from specgraft.drafters.draft_model import get_preset
+        from specgraft.models.quant import check_draft_quant
 
         get_preset(self.preset)
+        check_draft_quant(self.draft_quant)
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0 (an offset from the sampling seed), got {self.seed!r}")
         for name in ("depth", "top_k"):
@@ -249,7 +255,9 @@ def build_graft_method(
     vocab = target.vocab_size
     if draft_model is None:
         require_draft_model(variant, options, draft_model)
-        draft_model = load_draft_model(options.draft_model, options.draft_dtype, target.device, target_tokenizer=target_tokenizer)
+        draft_model = load_draft_model(
+            options.draft_model, options.draft_dtype, target.device, target_tokenizer=target_tokenizer, quant=options.draft_quant
+        )
     preset = get_preset(options.preset)
     calibration = None
     if options.calibration and reads_calibration(variant):

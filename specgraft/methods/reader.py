@@ -76,7 +76,7 @@ def build_reader(
     options = opts.graft
     if draft_model is None:
         require_draft_model(name, options, draft_model)
-        draft_model = load_draft_model(options.draft_model, options.draft_dtype, target.device)
+        draft_model = load_draft_model(options.draft_model, options.draft_dtype, target.device, quant=options.draft_quant)
     config = replace(opts.reader, **READER_METHODS[name][1])
     stores = []
     if reads_datastores(name):

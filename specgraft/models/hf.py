@@ -134,7 +134,7 @@ class HFTarget:
         self.name = getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
-        self.vocab_size: int = self.lm_head.weight.shape[0]
+        self.vocab_size: int = self.lm_head.out_features  # not .weight: packed and int8 linears unpack it
         self.max_positions: int = int(getattr(self.config, "max_position_embeddings", 1 << 30))
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype

@@ -21,8 +21,11 @@ rows   oneDNN plain  oneDNN packed   packed / one row
 
 so :class:`OneDNNLinear` keeps the reordered copy and uses it for every input size (one row
 included: 302 vs 309 ms interleaved in one process; prefill-sized inputs are also faster).
-The price is memory: the packed copy is a second copy of every linear weight (the plain one
-stays, for tied embeddings and anything that reads ``weight``). Weights are assumed frozen
+It keeps *only* the reordered copy: the plain weight is freed, and ``weight`` unpacks it on
+demand (exactly: the reorder only moves values). The one exception is a weight another module
+also uses (an output embedding tied to the input embedding): that plain copy stays, because
+the embedding gathers its rows. So an fp32 model on CPU takes about its own size in memory, not
+twice it (measured per catalog model in the README's CPU section). Weights are assumed frozen
 (inference); pass ``fast_kernels=False`` to :func:`specgraft.models.hf.load_causal_lm` to keep
 plain ``nn.Linear``. ``nn.Linear`` is the plain twin and ``tests/test_kernels.py`` checks both
 agree. Applied to the model object itself, so every method and every peer (Hugging Face
@@ -35,6 +38,7 @@ It also chooses a dtype: bf16 is only fast where the CPU computes in bf16 native
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -55,23 +59,34 @@ def onednn_available() -> bool:
 class OneDNNLinear(nn.Module):
     """``nn.Linear`` computed by oneDNN on a weight reordered once into oneDNN's blocked layout.
 
-    Shares ``weight`` and ``bias`` with the module it replaces; ``packed`` is the reordered copy
-    (an opaque ``torch._mkldnn`` tensor, not a parameter: ``state_dict`` is unchanged).
+    ``packed`` (an opaque ``torch._mkldnn`` tensor) is the only copy of the weight it keeps,
+    unless ``tied``: then the plain weight, which another module shares, stays registered as
+    ``weight``. Otherwise ``weight`` is read-only and unpacked on each read (a new ``[out, in]``
+    tensor equal to the original). ``bias`` is the replaced module's. ``state_dict`` holds
+    ``weight`` and ``bias`` either way, so saving and loading see an ``nn.Linear``.
 
     Example::
 
-        fast = OneDNNLinear(nn.Linear(48, 80))
-        fast(torch.randn(2, 5, 48)).shape     # torch.Size([2, 5, 80]), = the linear's output
+        lin = nn.Linear(48, 80)
+        fast = OneDNNLinear(lin)
+        fast(torch.randn(2, 5, 48)).shape     # torch.Size([2, 5, 80]), = lin's output
+        torch.equal(fast.weight, lin.weight)  # True, unpacked from fast.packed
     """
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, tied: bool = False):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self.weight = linear.weight
         self.bias = linear.bias
-        with torch.no_grad():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACK_HINT_ROWS)
+        if tied:
+            # set directly: the ``weight`` property would shadow register_parameter's name check
+            self._parameters["weight"] = linear.weight
+        self.packed = pack_linear_weight(linear.weight)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        shared = self._parameters.get("weight")
+        return shared if shared is not None else self.packed.to_dense()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -79,18 +94,57 @@ class OneDNNLinear(nn.Module):
         y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self.packed, self.bias, "none", [], "")
         return y.reshape(*shape[:-1], self.out_features)
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if "weight" not in self._parameters:
+            destination[prefix + "weight"] = self.weight
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        key = prefix + "weight"
+        if "weight" not in self._parameters:
+            if key in state_dict:
+                self.packed = pack_linear_weight(state_dict[key])
+                state_dict = {k: v for k, v in state_dict.items() if k != key}
+            elif strict:
+                missing_keys.append(key)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[out, in]`` reordered into oneDNN's blocked layout for :class:`OneDNNLinear`."""
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.float32), PACK_HINT_ROWS)
+
+
+def shared_parameters(model: nn.Module) -> set[int]:
+    """``id`` of every parameter that more than one module of ``model`` registers (tied weights)."""
+    counts = Counter(id(p) for module in model.modules() for p in module.parameters(recurse=False))
+    return {key for key, n in counts.items() if n > 1}
+
 
 def use_onednn_linears(model: nn.Module) -> int:
-    """Swap ``nn.Linear`` children (fp32, CPU) for :class:`OneDNNLinear`; returns how many."""
+    """Swap ``nn.Linear`` children (fp32, CPU) for :class:`OneDNNLinear`; returns how many.
+
+    Only exact ``nn.Linear`` modules are swapped: quantized linears (``models/quant.py``) and
+    other subclasses keep their own kernels. The plain weight of a swapped linear is freed
+    unless another module shares it (tied embeddings).
+    """
     if not onednn_available():
         return 0
-    swapped = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
-                setattr(module, name, OneDNNLinear(child))
-                swapped += 1
-    return swapped
+    tied = shared_parameters(model)
+    # (parent, name) pairs, not the linears: each plain weight is freed as soon as it is packed,
+    # so loading never holds two copies of more than one layer
+    places = [
+        (module, name)
+        for module in model.modules()
+        for name, child in module.named_children()
+        if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu"
+    ]
+    for module, name in places:
+        linear = getattr(module, name)
+        setattr(module, name, OneDNNLinear(linear, tied=id(linear.weight) in tied))
+        del linear
+    return len(places)
 
 
 @functools.lru_cache(maxsize=1)

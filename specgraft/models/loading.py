@@ -1,7 +1,9 @@
-"""Loading draft models: once per (path, dtype, device), checked against the target's tokenizer.
+"""Loading draft models: once per (path, dtype, numerics, device), checked against the target's
+tokenizer.
 
 The target is loaded by :func:`specgraft.models.hf.load_causal_lm` (``SpecDecoder`` does it); a
-draft model goes through the same loader and kernels, and is kept in a weak cache so that
+draft model goes through the same loader and kernels, in the numerics ``quant`` asks for
+(``models/quant.py``: int8, bf16, fp16 or the load dtype), and is kept in a weak cache so that
 every decoder made with ``with_method`` (and the benchmark's Hugging Face assisted peer)
 shares one copy of its weights while it is in use.
 """
@@ -17,8 +19,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-# Loaded draft models by (path, dtype, device), alive while a drafter uses them.
-_loaded_models: "weakref.WeakValueDictionary[tuple[str, str, str], nn.Module]" = weakref.WeakValueDictionary()
+# Loaded draft models by (path, dtype, numerics, device), alive while a drafter uses them.
+_loaded_models: "weakref.WeakValueDictionary[tuple[str, str, str, str], nn.Module]" = weakref.WeakValueDictionary()
 
 
 def load_draft_model(
@@ -27,9 +29,15 @@ def load_draft_model(
     device: "str | torch.device" = "cpu",
     progress: bool = True,
     target_tokenizer: PreTrainedTokenizerBase | None = None,
+    quant: str = "none",
 ) -> nn.Module:
     """Load (or reuse, while loaded) a draft model by catalog name, directory or hub id, with the
     same loader and CPU kernels as the target (:func:`specgraft.models.hf.load_causal_lm`).
+
+    ``quant`` (``auto``, ``none``, ``int8``, ``bf16``, ``fp16``: :mod:`specgraft.models.quant`)
+    picks the draft's numerics; ``none`` keeps ``dtype``. ``int8`` loads in float32 with plain
+    linears, quantizes them, then applies the oneDNN swap to whatever stayed fp32 (nothing in
+    the catalog models), so quantized linears are never repacked in fp32.
 
     With ``target_tokenizer``, the draft model's tokenizer must have the same vocabulary
     (``ValueError`` otherwise): equal vocabulary sizes alone would let two tokenizers that
@@ -39,20 +47,26 @@ def load_draft_model(
     """
     from transformers import AutoConfig
 
-    from specgraft.models.resolve import load_errors, resolve_model
     from specgraft.models.hf import load_causal_lm, parse_dtype
+    from specgraft.models.kernels import use_onednn_linears
+    from specgraft.models.quant import draft_load_dtype, quantize_int8_dynamic, resolve_draft_quant
+    from specgraft.models.resolve import load_errors, resolve_model
 
-    resolved = parse_dtype(dtype, device)
+    quant = resolve_draft_quant(quant, device)
+    resolved = parse_dtype(draft_load_dtype(quant, dtype), device)
     path = resolve_model(name, progress=progress)
     with load_errors(name, "draft model"):
         AutoConfig.from_pretrained(path)  # cheap: "not a model" before the tokenizer check says something vaguer
     if target_tokenizer is not None:
         check_same_vocabulary(name, path, target_tokenizer)
-    key = (str(path), str(resolved), str(device))
+    key = (str(path), str(resolved), quant, str(device))
     model = _loaded_models.get(key)
     if model is None:
         with load_errors(name, "draft model"):
-            model = load_causal_lm(path, resolved, device)
+            model = load_causal_lm(path, resolved, device, fast_kernels=quant != "int8")
+        if quant == "int8":
+            quantize_int8_dynamic(model)
+            use_onednn_linears(model)
         _loaded_models[key] = model
     return model
 
