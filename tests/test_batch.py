@@ -198,15 +198,19 @@ def test_adaptive_budget_falls_back_when_speculation_does_not_pay():
     assert poor.best(1, 16) > 0 and poor.best(8, 16) == 0
     assert poor.predicted(8, 0) > poor.predicted(8, 4)
     # at 0 nothing is drafted; every `explore` steps one step measures a positive budget again
-    poor.explore = 3
+    poor.explore, poor.warmup = 3, 0
     choices = [poor.budget(8, [16]) for _ in range(6)]
     assert choices.count(0) == 4 and all(c in (0, 4, 8, 16) for c in choices)
 
 
 def test_adaptive_budget_learns_acceptance_online():
     costs = CostTable("m", "cpu", {1: {1: 0.3, 5: 0.42}})
-    policy = AdaptiveBudget(costs, Acceptance(prior=[0.0], prior_weight=1.0), budgets=(4,), refresh=1)
+    policy = AdaptiveBudget(costs, Acceptance(prior=[0.0], prior_weight=1.0), budgets=(4,), refresh=1, warmup=3)
     assert policy.best(1, 4) == 0
+    assert policy.budget(1, [4]) is None, "warm-up: the sequences' own budgets until 3 steps are observed"
+    for _ in range(3):
+        policy.observe(1, 4, 4, [], 0.0)
+    assert policy.budget(1, [4]) == 0
     for _ in range(50):
         policy.observe(1, 4, 4, [0, 1, 2, 3], 0.0)
     assert policy.best(1, 4) == 4
@@ -258,6 +262,8 @@ def test_measure_costs_and_find_table(tmp_path, monkeypatch):
     assert find_cost_table("/models/tiny", "cpu", 2) is None
     table.save(tmp_path / "costs" / table_name("/models/tiny", "cpu", 2))
     assert find_cost_table("/models/tiny", "cpu", 2) == tmp_path / "costs" / "tiny-cpu-t2.json"
+    assert find_cost_table("/models/tiny", "cpu", 16) == tmp_path / "costs" / "tiny-cpu-t2.json", "another thread count's table"
+    assert find_cost_table("/models/tiny", "cuda:0", 2) is None
     with pytest.raises(ValueError, match="exceed the context window"):
         measure_costs(target, context=target.max_positions)
 

@@ -141,7 +141,7 @@ class Acceptance:
     """
 
     prior: list[float] = field(default_factory=lambda: [0.5 * 0.8**r for r in range(16)])
-    prior_weight: float = 8.0
+    prior_weight: float = 2.0
     verified: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
     accepted: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
     filled: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
@@ -180,10 +180,13 @@ class AdaptiveBudget:
     """Budget per batch size maximising predicted throughput (module docstring).
 
     ``budgets`` are the candidate budgets (0 is always a candidate; none above a sequence's
-    own budget is used). ``draft_cost`` is the drafting time per step at budget > 0, learned
-    online per batch size from the steps run (an exponential average). While the choice is 0
-    nothing is drafted, so acceptance would stop updating: every ``explore`` steps at 0 one
-    step runs at the best positive budget to keep measuring.
+    own budget is used). The drafting time per step at budget > 0 is learned online per batch
+    size from the steps run (an exponential average). **Warm-up:** until ``warmup`` sequence
+    steps have been observed, every sequence verifies its own budget (the method's default,
+    fitted at batch size 1), so the first decision reads this method's measured acceptance and
+    drafting time rather than the prior, which cannot know a draft model's cost. While the
+    choice is 0 nothing is drafted, so acceptance would stop updating: every ``explore`` steps
+    at 0 one step runs at the best positive budget to keep measuring.
     """
 
     def __init__(
@@ -193,11 +196,13 @@ class AdaptiveBudget:
         budgets: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 60),
         refresh: int = 1,
         explore: int = 128,
+        warmup: int = 16,
     ):
         self.costs = costs
         self.acceptance = acceptance if acceptance is not None else Acceptance()
         self.budgets = sorted({int(b) for b in budgets if b > 0})
-        self.refresh, self.explore = refresh, explore
+        self.refresh, self.explore, self.warmup = refresh, explore, warmup
+        self.observed = 0
         self.draft_s: dict[int, float] = {}
         self._choice: dict[int, int] = {}
         self._since: dict[int, int] = {}
@@ -229,6 +234,8 @@ class AdaptiveBudget:
         return max(candidates, key=lambda k: (self.predicted(batch_size, k), -k))
 
     def budget(self, batch_size: int, budgets: Sequence[int]) -> int | None:
+        if self.observed < self.warmup:
+            return None
         cap = max(budgets)
         since = self._since.get(batch_size, 0)
         if batch_size not in self._choice or since >= self.refresh:
@@ -247,6 +254,7 @@ class AdaptiveBudget:
     def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
         if budget == 0:
             return
+        self.observed += 1
         self.acceptance.add(budget, accepted, tree_nodes)
         old = self.draft_s.get(batch_size)
         self.draft_s[batch_size] = draft_s if old is None else 0.9 * old + 0.1 * draft_s

@@ -47,11 +47,18 @@ def table_name(model: str, device: str, threads: int | None) -> str:
 
 
 def find_cost_table(model: str, device: str, threads: int | None = None) -> Path | None:
-    """The table to use for ``model`` on ``device``: the user's measured one, else a shipped one."""
-    name = table_name(model, device, threads)
+    """The table to use for ``model`` on ``device``: the user's measured one, else a shipped one;
+    one measured at ``threads`` threads first, else one at another thread count (on a CPU the
+    shape of the costs, which is what the budget choice reads, changes little with it)."""
+    exact = table_name(model, device, threads)
+    any_threads = table_name(model, device, None)[: -len(".json")] + "-t*.json"
     for folder in (user_cost_dir(), SHIPPED_DIR):
-        if (folder / name).is_file():
-            return folder / name
+        if (folder / exact).is_file():
+            return folder / exact
+    for folder in (user_cost_dir(), SHIPPED_DIR):
+        found = sorted(folder.glob(any_threads)) if folder.is_dir() else []
+        if found:
+            return found[0]
     return None
 
 
