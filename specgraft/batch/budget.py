@@ -117,7 +117,7 @@ def _interp(points: dict[int, float], x: float) -> float:
     """Piecewise-linear through ``points``, extended linearly past the last two (and flat below the first)."""
     xs = sorted(points)
     if len(xs) == 1 or x <= xs[0]:
-        return points[xs[0]] if len(xs) == 1 or x >= xs[0] else points[xs[0]]
+        return points[xs[0]]
     for lo, hi in zip(xs, xs[1:]):
         if x <= hi:
             return points[lo] + (points[hi] - points[lo]) * (x - lo) / (hi - lo)
@@ -221,7 +221,7 @@ class AdaptiveBudget:
     def _draft_cost(self, batch_size: int) -> float:
         if batch_size in self.draft_s:
             return self.draft_s[batch_size]
-        # not measured at this size yet: the nearest measured size's, scaled by nothing (an estimate)
+        # not measured at this size yet: the nearest measured size's, as is (an estimate)
         if self.draft_s:
             near = min(self.draft_s, key=lambda b: abs(b - batch_size))
             return self.draft_s[near]

@@ -186,10 +186,12 @@ class BatchEngine:
         events: list[BatchEvent] = []
         with self._lock:
             cancelled, self._cancelled = self._cancelled, set()
-            kept = deque(r for r in self._waiting if r.request_id not in cancelled)
+            kept: deque[_Request] = deque()
             for r in self._waiting:
                 if r.request_id in cancelled:
                     events.append(BatchEvent(r.request_id, [], finished=True, finish_reason="cancelled"))
+                else:
+                    kept.append(r)
             self._waiting = kept
         for rid in cancelled & set(self.running):
             events.append(self._retire(rid, []))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -27,6 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from specgraft.batch import AdaptiveBudget, CostTable
+from specgraft.types import GenerationStats
 
 
 @dataclass
@@ -72,13 +74,23 @@ def kv_mb(*adapters: Any) -> float:
     return total / 2**20
 
 
-def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, policy) -> tuple[list[list[int]], list[float], float, Any]:
-    """Generate every prompt with at most ``max_batch`` in flight; outputs, latencies, wall time, stats."""
+@dataclass
+class BatchedRun:
+    """Every prompt generated through one :class:`~specgraft.batch.BatchEngine`."""
+
+    outputs: list[list[int]]
+    latencies_s: list[float]
+    wall_s: float
+    stats: list[GenerationStats]
+    budget_by_batch: dict[int, int]
+
+
+def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, policy) -> BatchedRun:
+    """Generate every prompt with at most ``max_batch`` in flight, all submitted at once."""
     batch = decoder.batch_engine(max_batch=max_batch, policy=policy)
     t0 = time.perf_counter()
     ids = [batch.submit(p, config) for p in prompts]
-    results = {}
-    latency = {}
+    results, latency = {}, {}
     tokens: dict[str, list[int]] = {}
     stats = []
     for ev in batch.events():
@@ -89,8 +101,9 @@ def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, p
             latency[ev.request_id] = time.perf_counter() - t0
             results[ev.request_id] = tokens.pop(ev.request_id)
             stats.append(ev.stats)
-    wall = time.perf_counter() - t0
-    return [results[i] for i in ids], [latency[i] for i in ids], wall, (stats, batch)
+    return BatchedRun(
+        [results[i] for i in ids], [latency[i] for i in ids], time.perf_counter() - t0, stats, dict(batch.stats.budget_by_batch)
+    )
 
 
 def hf_padded(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: int, pad_id: int) -> tuple[list[list[int]], list[float], float]:
@@ -135,24 +148,20 @@ def bench_batches(
         for name, dec in decoders.items():
             policy = AdaptiveBudget(costs) if costs is not None and name != "ar" else None
             cfg = dec.resolve(config)
-            outs, lat, wall, (stats, batch) = run_batched(dec, prompts, cfg, b, policy)
+            run = run_batched(dec, prompts, cfg, b, policy)
+            outs, lat, wall, stats = run.outputs, run.latencies_s, run.wall_s, run.stats
             total = sum(len(o) for o in outs)
             steps = sum(s.steps for s in stats)
-            proposed: dict[str, int] = {}
-            accepted: dict[str, int] = {}
-            for s in stats:
-                for k, v in s.proposed_by_source.items():
-                    proposed[k] = proposed.get(k, 0) + v
-                for k, v in s.accepted_by_source.items():
-                    accepted[k] = accepted.get(k, 0) + v
-            used = batch.stats.budget_by_batch.get(b)
+            proposed = sum((s.proposed_by_source for s in stats), Counter())
+            accepted = sum((s.accepted_by_source for s in stats), Counter())
+            used = run.budget_by_batch.get(b)
             row = BatchRow(
                 method=name, batch=b, prompts=len(prompts), tokens=total, wall_s=wall, tokens_per_s=total / wall,
                 latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=total / steps if steps else 0.0,
                 exact=outs == reference, budget=used if name != "ar" else 0,
                 predicted_tokens_per_s=_predicted(costs, policy, b, used),
                 rss_mb=rss_mb(), kv_mb=kv_mb(dec.target, *(getattr(d, "lm", None) for d in dec.engine.drafters)),
-                acceptance_by_source={k: accepted.get(k, 0) / v for k, v in proposed.items() if v},
+                acceptance_by_source={k: accepted[k] / v for k, v in proposed.items() if v},
                 commit_share=sum(s.commit_s for s in stats) / wall,
             )
             if name == "ar":
