@@ -73,7 +73,12 @@ class SequenceState:
     last_accepted: list[int] = field(default_factory=list)
     """Tree indices of the nodes the last step accepted."""
     last_draft_s: float = 0.0
-    """Drafting time of the last step (shared by a batch's sequences)."""
+    """Drafting time of the last step (shared by a batch's sequences), without catch-up
+    prefills (a draft model prefilling a backlog: a one-off, not a per-step cost)."""
+    primed: bool = True
+    """The drafters have what a speculative start gives them (the prompt's prefill outputs
+    they asked for) or have drafted since; False for a sequence started with
+    ``speculative=False`` until its first drafting step."""
 
 
 class SpecEngine:
@@ -122,9 +127,16 @@ class SpecEngine:
                 f"{self.target.max_positions} tokens"
             )
 
-    def start(self, prompt: Sequence[int], config: GenerationConfig = GenerationConfig()) -> SequenceState:
+    def start(self, prompt: Sequence[int], config: GenerationConfig = GenerationConfig(), speculative: bool = True) -> SequenceState:
         """Prefill ``prompt`` in a new slot (every token but the last, the first root) and start
-        the drafters' states."""
+        the drafters' states.
+
+        ``speculative=False`` is for a sequence expected to decode plainly (a batch where
+        speculation does not pay): the prefill skips what drafters marked ``prefill_optional``
+        asked for (Token Recycling's top-k successors of every prompt token, 25-40% of a 1.5B
+        prefill on this CPU), so such a sequence costs what plain decoding costs. It can still
+        draft later, from what its drafters learn from then on. The output never depends on it.
+        """
         self.check_prompt(prompt)
         config = config.with_default_budget(self.default_budget)
         generator = None
@@ -143,13 +155,15 @@ class SpecEngine:
             stats=GenerationStats(method=self.method, prompt_tokens=len(prompt)),
             eos=self.eos_token_ids if config.stop_on_eos else frozenset(),
             started=self._now(),
+            primed=speculative,
         )
         self.last_stats = seq.stats
         try:
             self.target.reserve(min(len(prompt) + config.max_new_tokens + config.budget + 1, self.target.max_positions))
             request = PrefillRequest()
             for d in self.drafters:
-                request = request.union(d.prefill_request())
+                if speculative or not getattr(d, "prefill_optional", False):
+                    request = request.union(d.prefill_request())
             prefill = self.target.prefill(seq.slot, list(prompt[:-1]), request)
             for d in self.drafters:
                 seq.drafter_states.append(d.begin(prompt, prefill, config))
@@ -165,7 +179,7 @@ class SpecEngine:
         """One speculative step; returns the tokens it emits (cut at EOS and ``max_new_tokens``)."""
         return self.step_batch([seq])[0]
 
-    def step_batch(self, seqs: Sequence[SequenceState], budget: int | None = None) -> list[list[int]]:
+    def step_batch(self, seqs: Sequence[SequenceState], budget: int | None | Sequence[int | None] = None) -> list[list[int]]:
         """One speculative step of every sequence in ``seqs``, with one target forward for all.
 
         Each sequence proposes its own tree (drafters that can, e.g. a draft model, draft for all
@@ -174,25 +188,30 @@ class SpecEngine:
         is then verified, committed and observed on its own, with its own sampling generator.
         So a sequence's output does not depend on what else is in the batch. ``budget`` caps
         every sequence's budget this step (0 = plain decoding: no drafting, the root alone);
-        None leaves each sequence's own. Returns each sequence's emitted tokens (``[]`` for one
+        None leaves each sequence's own; a list gives one cap per sequence. Returns each sequence's emitted tokens (``[]`` for one
         that is done). Timings: each sequence's stats count the shared draft and forward time.
         """
         emitted: list[list[int]] = [[] for _ in seqs]
         live: list[tuple[int, SequenceState, int, int]] = []  # (index, seq, budget, max depth)
-        for b, seq in enumerate(seqs):
+        caps = list(budget) if isinstance(budget, Sequence) else [budget] * len(seqs)
+        if len(caps) != len(seqs):
+            raise ValueError(f"{len(caps)} budgets for {len(seqs)} sequences")
+        for b, (seq, cap) in enumerate(zip(seqs, caps)):
             # positions left in the context window after the root
             room = self.target.max_positions - self.target.length(seq.slot) - 1
             if seq.done or room < 0:
                 seq.done = True
                 continue
             remaining = seq.config.max_new_tokens - seq.stats.new_tokens
-            cap = seq.config.budget if budget is None else min(seq.config.budget, budget)
+            cap = seq.config.budget if cap is None else min(seq.config.budget, cap)
             live.append((b, seq, min(cap, room), min(remaining - 1, room)))
         if not live:
             return emitted
         t0 = self._now()
         trees = self.propose_batch([seq for _, seq, _, _ in live], [n for *_, n, _ in live], [d for *_, d in live])
         t1 = self._now()
+        # a drafter's one-off catch-up (a draft model prefilling a prompt) is not per-step drafting
+        catch_up = sum(getattr(st, "catch_up_s", 0.0) for _, seq, n, d in live if n > 0 and d > 0 for st in seq.drafter_states)
         outs = self.target.forward_batch(
             [seq.slot for _, seq, _, _ in live],
             [[seq.context[-1], *tree.tokens] for (_, seq, _, _), tree in zip(live, trees)],
@@ -203,7 +222,9 @@ class SpecEngine:
         t2 = self._now()
         for (b, seq, n, d), tree, out in zip(live, trees, outs, strict=True):
             seq.last_budget = n if d > 0 else 0
+            seq.primed = seq.primed or seq.last_budget > 0
             emitted[b] = self._finish_step(seq, tree, out, draft_s=t1 - t0, forward_s=t2 - t1)
+            seq.last_draft_s = max(0.0, t1 - t0 - catch_up)
         return emitted
 
     def _finish_step(self, seq: SequenceState, tree: DraftTree, out: RowsOutput, draft_s: float, forward_s: float) -> list[int]:

@@ -14,10 +14,13 @@ import pytest
 import torch
 
 from specgraft.batch import AdaptiveBudget, Acceptance, BatchEngine, CostTable, FixedBudget, QueueFull
+from specgraft.batch.budget import StepPlan
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.engine import SpecEngine
 from specgraft.methods import MethodOptions, get_method, method_names
 from specgraft.models.hf import HFTarget
+from specgraft.types import PrefillRequest
+from specgraft.drafters.draft_model import CATCH_UP_CHAIN
 
 from tests.conftest import TINY_MODELS
 from tests.test_draft_tree import perturbed
@@ -29,14 +32,22 @@ METHODS = ("ar", "pld", "recycling", "ptd", "adapld", "draft-tree", "graft", "re
 
 
 class RandomCap:
-    """A budget policy that caps the batch's budget at a random value each step (0 included)."""
+    """A budget policy that caps the batch's budget at a random value each step (0 included),
+    sometimes with one probing sequence (in its own forward or padded with the batch), and
+    starts sequences speculatively or not at random."""
 
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
         self.observed = 0
 
-    def budget(self, batch_size, budgets):
-        return self.rng.choice([None, 0, 1, 3, 8])
+    def plan(self, batch_size, budgets):
+        cap = self.rng.choice([None, 0, 1, 3, 8])
+        if cap == 0 and self.rng.random() < 0.5:
+            return StepPlan(cap=0, probe=self.rng.choice([1, 4, 8]), split=self.rng.random() < 0.5)
+        return StepPlan(cap=cap)
+
+    def speculating(self, batch_size, budget):
+        return self.rng.random() < 0.5
 
     def observe(self, batch_size, budget, tree_nodes, accepted, draft_s):
         self.observed += 1
@@ -87,6 +98,79 @@ def test_batched_greedy_equals_single_ar(arch, method):
     assert sum(len(v) for v in got.values()) == batch.stats.tokens
     if method != "ar":
         assert batch.stats.tokens > batch.stats.sequence_steps, "no draft was accepted in the whole schedule"
+
+
+class PlainPolicy:
+    """Speculation never pays: every step at 0, no sequence expected to draft, probes as asked."""
+
+    def __init__(self, probe_every: int = 0):
+        self.probe_every, self.steps = probe_every, 0
+
+    def plan(self, batch_size, budgets):
+        self.steps += 1
+        if self.probe_every and self.steps % self.probe_every == 0:
+            return StepPlan(cap=0, probe=8, split=True)
+        return StepPlan(cap=0)
+
+    def speculating(self, batch_size, budget):
+        return False
+
+    def observe(self, batch_size, budget, tree_nodes, accepted, draft_s):
+        pass
+
+
+def test_a_plainly_decoding_batch_does_no_drafting_work(monkeypatch):
+    """The full fallback: at budget 0 the draft model never runs (not even its prefill, deferred to
+    a first proposal that never comes) and Token Recycling's prompt top-k is not computed."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    ar = build(target, "ar", None)
+    requests = [(p, GenerationConfig(max_new_tokens=12, budget=8)) for p, _ in make_prompts(n=4, vocab=model.config.vocab_size)]
+    expected = {str(i): ar.generate_ids(p, c) for i, (p, c) in enumerate(requests)}
+    requested: list[PrefillRequest] = []
+    target_prefill = target.prefill
+
+    def recording_prefill(slot, tokens, request=PrefillRequest()):
+        requested.append(request)
+        return target_prefill(slot, tokens, request)
+
+    monkeypatch.setattr(target, "prefill", recording_prefill)
+    for method in ("recycling", "draft-tree"):
+        engine = build(target, method, perturbed(model))
+        draft_calls = []
+        if method == "draft-tree":
+            lm = engine.drafters[0].lm
+            for name in ("prefill", "forward_rows", "forward_batch"):
+                monkeypatch.setattr(lm, name, lambda *a, _n=name, **k: draft_calls.append(_n))
+        requested.clear()
+        batch = BatchEngine(engine, max_batch=3, policy=PlainPolicy())
+        got = run_schedule(batch, requests, random.Random(0))
+        assert got == expected
+        assert draft_calls == [] and requested and all(not r.topk for r in requested), method
+        assert batch.stats.tokens == batch.stats.sequence_steps
+
+
+@pytest.mark.parametrize("method", ["recycling", "draft-tree"])
+@pytest.mark.parametrize("probe_every", [3, CATCH_UP_CHAIN + 3])
+def test_probes_catch_up_after_plain_stretches(method, probe_every):
+    """One sequence drafts every few steps (in its own forward) after plain stretches: the draft
+    model catches up on what it missed, as a chain in its root forward or, past
+    ``CATCH_UP_CHAIN`` tokens, by a prefill; every output still equals ``ar``."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    ar, engine = build(target, "ar", None), build(target, method, perturbed(model))
+    requests = [(p, GenerationConfig(max_new_tokens=48, budget=8)) for p, _ in make_prompts(n=4, vocab=model.config.vocab_size)]
+    expected = {str(i): ar.generate_ids(p, c) for i, (p, c) in enumerate(requests)}
+    catch_ups = []
+    if method == "draft-tree":
+        lm = engine.drafters[0].lm
+        prefill = lm.prefill
+        lm.prefill = lambda slot, tokens, *a: catch_ups.append(len(tokens)) or prefill(slot, tokens, *a)
+    batch = BatchEngine(engine, max_batch=3, policy=PlainPolicy(probe_every=probe_every))
+    assert run_schedule(batch, requests, random.Random(1)) == expected
+    assert batch.stats.probe_steps > 0 and batch.stats.tokens > batch.stats.sequence_steps, "no probe draft was accepted"
+    if method == "draft-tree" and probe_every > CATCH_UP_CHAIN:
+        assert any(n >= CATCH_UP_CHAIN for n in catch_ups), "no plain stretch was caught up by a prefill"
 
 
 @pytest.mark.parametrize("method", sorted(set(method_names()) - set(METHODS)))
@@ -197,20 +281,27 @@ def test_adaptive_budget_falls_back_when_speculation_does_not_pay():
     poor = AdaptiveBudget(costs, Acceptance(prior=[0.4, 0.2, 0.1], prior_weight=1e9), budgets=(4, 8, 16))
     assert poor.best(1, 16) > 0 and poor.best(8, 16) == 0
     assert poor.predicted(8, 0) > poor.predicted(8, 4)
-    # at 0 nothing is drafted; every `explore` steps one step measures a positive budget again
+    # at 0 nothing is drafted; every `explore` steps one sequence probes a positive budget,
+    # in its own forward when that costs less than padding the batch (here: 0.30 + 0.50 s for
+    # B = 7 plain + a probe of 8 nodes, against 2.4 s for 8 x 9 rows)
     poor.explore, poor.warmup = 3, 0
-    choices = [poor.budget(8, [16]) for _ in range(6)]
-    assert choices.count(0) == 4 and all(c in (0, 4, 8, 16) for c in choices)
+    plans = [poor.plan(8, [16]) for _ in range(6)]
+    assert all(p.cap == 0 for p in plans)
+    probes = [p for p in plans if p.probe]
+    assert len(probes) == 2 and all(p.probe in (4, 8, 16) and p.split for p in probes)
+    assert not poor.speculating(8, 16) and poor.speculating(1, 16)
 
 
 def test_adaptive_budget_learns_acceptance_online():
     costs = CostTable("m", "cpu", {1: {1: 0.3, 5: 0.42}})
     policy = AdaptiveBudget(costs, Acceptance(prior=[0.0], prior_weight=1.0), budgets=(4,), refresh=1, warmup=3)
     assert policy.best(1, 4) == 0
-    assert policy.budget(1, [4]) is None, "warm-up: the sequences' own budgets until 3 steps are observed"
+    plan = policy.plan(1, [4])
+    assert plan.cap == 0 and plan.probe == 4, "warm-up: a lone sequence probes its own budget until 3 steps are observed"
+    assert not policy.plan(2, [4, 4]).split, "B = 2: one forward of 2 x 5 rows is cheaper than 1 + 5 rows apart"
     for _ in range(3):
         policy.observe(1, 4, 4, [], 0.0)
-    assert policy.budget(1, [4]) == 0
+    assert policy.plan(1, [4]) == StepPlan(cap=0)
     for _ in range(50):
         policy.observe(1, 4, 4, [0, 1, 2, 3], 0.0)
     assert policy.best(1, 4) == 4
@@ -239,7 +330,7 @@ def test_cost_table_round_trip(tmp_path):
 
 
 def test_fixed_budget_is_single_sequence_behaviour():
-    assert FixedBudget().budget(4, [8, 3]) is None
+    assert FixedBudget().plan(4, [8, 3]) == StepPlan(cap=None) and FixedBudget().speculating(8, 4)
 
 
 @pytest.mark.parametrize("module", ["batch.budget", "batch.profile", "cache.slots", "detokenize"])

@@ -335,9 +335,13 @@ def test_a_client_that_disconnects_frees_its_slot(server, http):
     assert http.get("/health").json() == {"status": "ok", "running": 0, "waiting": 0}
 
 
-def test_a_client_that_gives_up_on_a_response_frees_its_slot(server, http):
+def test_a_client_that_gives_up_on_a_response_frees_its_slot(server, http, monkeypatch):
     url, app = server
     before = metrics(http)['specgraft_requests_total{outcome="cancelled"}']
+    # every step takes >= 10 ms, so the 500 tokens outlast the client's 0.3 s however well pld drafts
+    batch = app.state.worker.batch
+    step = batch.step
+    monkeypatch.setattr(batch, "step", lambda: (time.sleep(0.01), step())[1])
     with httpx.Client(base_url=url, timeout=httpx.Timeout(TIMEOUT, read=0.3)) as impatient:
         with pytest.raises(httpx.ReadTimeout):
             impatient.post("/v1/completions", json={"model": MODEL, "prompt": "w5 w6", **LONG})

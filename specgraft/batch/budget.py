@@ -36,9 +36,32 @@ from typing import Protocol, Sequence
 MAX_RANK = 128
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """What one batched step verifies: a cap on every sequence's budget, and optionally one
+    sequence that drafts while the rest decode plainly (a *probe*: warm-up or exploration).
+
+    >>> StepPlan(cap=0, probe=8, split=True).probe
+    8
+    """
+
+    cap: int | None
+    """Every sequence's budget cap (0: plain decoding; None: each sequence's own budget)."""
+    probe: int = 0
+    """> 0 (with ``cap == 0``): one sequence drafts with this budget this step."""
+    split: bool = False
+    """Run the probing sequence in a forward of its own (cheaper than padding the whole batch to
+    its tree when the cost table says so)."""
+
+
 class BudgetPolicy(Protocol):
-    def budget(self, batch_size: int, budgets: Sequence[int]) -> int | None:
-        """The cap on every sequence's budget this step (None: each sequence's own)."""
+    def plan(self, batch_size: int, budgets: Sequence[int]) -> StepPlan:
+        """This step's plan for a batch whose sequences have ``budgets`` of their own."""
+
+    def speculating(self, batch_size: int, budget: int) -> bool:
+        """Whether a sequence (own ``budget``) joining a batch of ``batch_size`` is expected to
+        draft; if not it starts without its drafters' optional prefill work
+        (``SpecEngine.start(speculative=False)``)."""
 
     def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
         """One sequence's step: the budget its drafters had, the nodes they proposed, tree
@@ -48,8 +71,11 @@ class BudgetPolicy(Protocol):
 class FixedBudget:
     """Every sequence verifies its own budget (no cost model): single-sequence behaviour."""
 
-    def budget(self, batch_size: int, budgets: Sequence[int]) -> int | None:
-        return None
+    def plan(self, batch_size: int, budgets: Sequence[int]) -> StepPlan:
+        return StepPlan(cap=None)
+
+    def speculating(self, batch_size: int, budget: int) -> bool:
+        return True
 
     def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
         pass
@@ -181,12 +207,22 @@ class AdaptiveBudget:
 
     ``budgets`` are the candidate budgets (0 is always a candidate; none above a sequence's
     own budget is used). The drafting time per step at budget > 0 is learned online per batch
-    size from the steps run (an exponential average). **Warm-up:** until ``warmup`` sequence
-    steps have been observed, every sequence verifies its own budget (the method's default,
-    fitted at batch size 1), so the first decision reads this method's measured acceptance and
-    drafting time rather than the prior, which cannot know a draft model's cost. While the
-    choice is 0 nothing is drafted, so acceptance would stop updating: every ``explore`` steps
-    at 0 one step runs at the best positive budget to keep measuring.
+    size from the steps run (an exponential average).
+
+    **Probes.** When the choice is 0 nothing is drafted, so nothing would be learned; instead
+    one sequence of the batch *probes* (drafts at a positive budget) while the others decode
+    plainly, in a forward of its own when the cost table says that is cheaper than padding
+    the batch to its tree. It probes at every step of the **warm-up** (until ``warmup``
+    sequence steps with a budget were observed: the prior cannot know a draft model's cost
+    or this method's acceptance), then once every ``explore`` steps spent at 0. A probe at
+    batch size 8 on the 1.5B costs ~1.1 s against a 0.6 s step, so the default ``explore``
+    of 256 keeps exploration near 1% of a batch that stays at 0. Warm-up at batch size 1 is
+    the method's own budget: the sequence probes alone.
+
+    Worked example: a fresh policy at ``B = 8`` with the 1.5B table predicts 0 from the prior;
+    sequence 0 probes for 16 steps (its own budget, own forward), the other 7 decode plainly
+    and start without optional prefill work (``speculating`` is False); then every 256th step
+    one sequence probes again.
     """
 
     def __init__(
@@ -195,7 +231,7 @@ class AdaptiveBudget:
         acceptance: Acceptance | None = None,
         budgets: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 60),
         refresh: int = 1,
-        explore: int = 128,
+        explore: int = 256,
         warmup: int = 16,
     ):
         self.costs = costs
@@ -233,23 +269,36 @@ class AdaptiveBudget:
             candidates.append(cap)
         return max(candidates, key=lambda k: (self.predicted(batch_size, k), -k))
 
-    def budget(self, batch_size: int, budgets: Sequence[int]) -> int | None:
-        if self.observed < self.warmup:
-            return None
-        cap = max(budgets)
+    def choice(self, batch_size: int, cap: int) -> int:
+        """The budget every sequence of the batch gets (recomputed every ``refresh`` steps)."""
         since = self._since.get(batch_size, 0)
         if batch_size not in self._choice or since >= self.refresh:
             self._choice[batch_size] = self.best(batch_size, cap)
             self._since[batch_size] = 0
         self._since[batch_size] = self._since.get(batch_size, 0) + 1
-        choice = min(self._choice[batch_size], cap)
-        if choice == 0 and self.explore:
+        return min(self._choice[batch_size], cap)
+
+    def plan(self, batch_size: int, budgets: Sequence[int]) -> StepPlan:
+        cap = max(budgets)
+        choice = self.choice(batch_size, cap)
+        if choice > 0 or cap <= 0:
+            return StepPlan(cap=choice)
+        if self.observed < self.warmup:
+            probe = cap
+        else:
             self._idle[batch_size] = self._idle.get(batch_size, 0) + 1
-            if self._idle[batch_size] >= self.explore:
-                self._idle[batch_size] = 0
-                positive = [b for b in self.budgets if b <= cap] or [cap]
-                return max(positive, key=lambda k: self.predicted(batch_size, k))
-        return choice
+            if not self.explore or self._idle[batch_size] < self.explore:
+                return StepPlan(cap=0)
+            self._idle[batch_size] = 0
+            positive = [b for b in self.budgets if b <= cap] or [cap]
+            probe = max(positive, key=lambda k: self.predicted(batch_size, k))
+        split = batch_size > 1 and (
+            self.costs.cost(batch_size - 1, 1) + self.costs.cost(1, probe + 1) < self.costs.cost(batch_size, probe + 1)
+        )
+        return StepPlan(cap=0, probe=probe, split=split)
+
+    def speculating(self, batch_size: int, budget: int) -> bool:
+        return budget > 0 and self.best(batch_size, budget) > 0
 
     def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
         if budget == 0:

@@ -6,12 +6,15 @@ sequences. Each :meth:`BatchEngine.step`:
 
 1. drops cancelled requests (their slots are freed now, at the step boundary);
 2. admits waiting requests while there is room: each is prefilled alone (its own forward) and
-   then decodes with the others;
+   then decodes with the others; one expected to decode plainly (the policy's
+   ``speculating``) skips its drafters' optional prefill work;
 3. runs one speculative step for every running sequence with one target forward
    (``SpecEngine.step_batch``: trees padded to one shape, per-sequence positions and masks,
    a draft model drafting for all of them in one forward per layer), each tree capped by the
    budget the :class:`~specgraft.batch.budget.BudgetPolicy` picks for this batch size
-   (0 = plain decoding, when speculation would not pay);
+   (0 = plain decoding, when speculation would not pay; then at most one sequence *probes*,
+   drafting to keep the policy's acceptance and drafting-time estimates current, in a
+   forward of its own when that is cheaper);
 4. returns one :class:`BatchEvent` per request that emitted tokens or finished; finished
    sequences leave (their slots are reused by the next admitted request).
 
@@ -38,7 +41,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from specgraft.batch.budget import BudgetPolicy, FixedBudget
+from specgraft.batch.budget import BudgetPolicy, FixedBudget, StepPlan
 from specgraft.config import GenerationConfig
 from specgraft.engine import SequenceState, SpecEngine
 from specgraft.types import GenerationStats
@@ -76,7 +79,10 @@ class BatchStepStats:
     """Counters over a batch engine's life (the server's ``/metrics`` reads them)."""
 
     steps: int = 0
-    """Batched steps run (one target forward each)."""
+    """Batched steps run (one target forward each; two for a probe in its own forward)."""
+    probe_steps: int = 0
+    """Steps in which one sequence drafted while the batch decoded plainly (the policy's
+    warm-up and exploration, :class:`~specgraft.batch.budget.StepPlan`)."""
     sequence_steps: int = 0
     """Sum over steps of the sequences in the step."""
     tokens: int = 0
@@ -167,9 +173,9 @@ class BatchEngine:
         if self.running:
             ids = list(self.running)
             seqs = [self.running[i] for i in ids]
-            budget = self.policy.budget(len(seqs), [s.config.budget for s in seqs])
-            self.stats.budget_by_batch[len(seqs)] = budget if budget is not None else max(s.config.budget for s in seqs)
-            emitted = self.engine.step_batch(seqs, budget)
+            plan = self.policy.plan(len(seqs), [s.config.budget for s in seqs])
+            self.stats.budget_by_batch[len(seqs)] = plan.cap if plan.cap is not None else max(s.config.budget for s in seqs)
+            emitted = self._run_step(seqs, plan)
             self.stats.steps += 1
             self.stats.sequence_steps += len(seqs)
             for rid, seq, tokens in zip(ids, seqs, emitted, strict=True):
@@ -181,6 +187,19 @@ class BatchEngine:
                     events.append(BatchEvent(rid, tokens, stats=seq.stats))
         self.stats.step_s += time.perf_counter() - t0
         return events
+
+    def _run_step(self, seqs: list[SequenceState], plan: StepPlan) -> list[list[int]]:
+        """``step_batch`` under ``plan``: a probe goes to the first sequence whose drafters are
+        primed (else the first), in its own forward when ``plan.split``."""
+        if not plan.probe:
+            return self.engine.step_batch(seqs, plan.cap)
+        self.stats.probe_steps += 1
+        p = next((i for i, s in enumerate(seqs) if s.primed), 0)
+        if plan.split and len(seqs) > 1:
+            rest = self.engine.step_batch(seqs[:p] + seqs[p + 1 :], 0)
+            probed = self.engine.step_batch([seqs[p]], plan.probe)
+            return rest[:p] + probed + rest[p:]
+        return self.engine.step_batch(seqs, [plan.probe if i == p else 0 for i in range(len(seqs))])
 
     def _cancel_and_admit(self) -> list[BatchEvent]:
         events: list[BatchEvent] = []
@@ -200,8 +219,12 @@ class BatchEngine:
                 if not self._waiting:
                     break
                 request = self._waiting.popleft()
+            # the batch size it will decode in: a sequence expected to decode plainly starts
+            # without its drafters' optional prefill work
+            size = min(self.max_batch, len(self.running) + 1 + len(self._waiting))
+            budget = request.config.budget if request.config.budget is not None else self.engine.default_budget
             try:
-                seq = self.engine.start(request.prompt, request.config)
+                seq = self.engine.start(request.prompt, request.config, speculative=self.policy.speculating(size, budget))
             except (ValueError, RuntimeError) as e:  # e.g. out of memory for the cache
                 events.append(BatchEvent(request.request_id, [], finished=True, finish_reason="error", error=str(e)))
                 continue

@@ -13,6 +13,11 @@ numerics, so a divergence there is the peer's, not ours).
 Every generation runs ``max_new_tokens`` tokens (EOS is an ordinary token), so every method and
 batch size does the same work. Speed is a ratio against batched ``ar`` at the same ``B`` in
 the same run.
+
+Each method keeps **one** :class:`~specgraft.batch.AdaptiveBudget` for the whole run (batch
+sizes in the order given), as a server keeps one policy while its load changes: its warm-up
+happens once, at the first batch size, and what it learned there carries over. The row
+counts the steps in which one sequence probed (warm-up and exploration, ``probe_steps``).
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ class BatchRow:
     """Share of the wall time spent committing accepted rows in the KV caches (target's, from
     every request's stats; the cache is compacted at every commit)."""
     acceptance_by_source: dict[str, float] = field(default_factory=dict)
+    probe_steps: int = 0
+    """Steps in which one sequence drafted while the rest decoded plainly (the policy's warm-up
+    and exploration)."""
 
 
 def rss_mb() -> float:
@@ -83,6 +91,7 @@ class BatchedRun:
     wall_s: float
     stats: list[GenerationStats]
     budget_by_batch: dict[int, int]
+    probe_steps: int = 0
 
 
 def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, policy) -> BatchedRun:
@@ -102,7 +111,8 @@ def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, p
             results[ev.request_id] = tokens.pop(ev.request_id)
             stats.append(ev.stats)
     return BatchedRun(
-        [results[i] for i in ids], [latency[i] for i in ids], time.perf_counter() - t0, stats, dict(batch.stats.budget_by_batch)
+        [results[i] for i in ids], [latency[i] for i in ids], time.perf_counter() - t0, stats, dict(batch.stats.budget_by_batch),
+        batch.stats.probe_steps,
     )
 
 
@@ -143,10 +153,12 @@ def bench_batches(
     log(f"reference: single-sequence ar on {len(prompts)} prompts")
     reference = [ar.generate(p, config=config).tokens for p in prompts]
     rows: list[BatchRow] = []
+    # one policy per method for the whole run, as a server keeps one (module docstring)
+    policies = {name: AdaptiveBudget(costs) for name in decoders if costs is not None and name != "ar"}
     for b in batch_sizes:
         ar_tps = None
         for name, dec in decoders.items():
-            policy = AdaptiveBudget(costs) if costs is not None and name != "ar" else None
+            policy = policies.get(name)
             cfg = dec.resolve(config)
             run = run_batched(dec, prompts, cfg, b, policy)
             outs, lat, wall, stats = run.outputs, run.latencies_s, run.wall_s, run.stats
@@ -162,7 +174,7 @@ def bench_batches(
                 predicted_tokens_per_s=_predicted(costs, policy, b, used),
                 rss_mb=rss_mb(), kv_mb=kv_mb(dec.target, *(getattr(d, "lm", None) for d in dec.engine.drafters)),
                 acceptance_by_source={k: accepted[k] / v for k, v in proposed.items() if v},
-                commit_share=sum(s.commit_s for s in stats) / wall,
+                commit_share=sum(s.commit_s for s in stats) / wall, probe_steps=run.probe_steps,
             )
             if name == "ar":
                 ar_tps = row.tokens_per_s
@@ -199,7 +211,7 @@ def _line(r: BatchRow) -> str:
     return (
         f"B={r.batch} {r.method:<12} {r.tokens_per_s:6.2f} tok/s ({r.ratio_vs_ar or 0:.2f}x ar){pred}, budget {r.budget}, "
         f"MAT {r.mat:.2f}, p50 latency {r.latency_p50_s:.1f} s, exact {r.exact}, RSS {r.rss_mb:.0f} MB, KV {r.kv_mb:.0f} MB, "
-        f"commit {100 * r.commit_share:.1f}%"
+        f"commit {100 * r.commit_share:.1f}%, probe steps {r.probe_steps}"
     )
 
 
@@ -209,11 +221,14 @@ def write_rows(rows: Sequence[BatchRow], out: str | Path, meta: dict) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
     (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
-    lines = ["| B | method | tok/s | x ar | predicted tok/s | budget | MAT | p50 latency s | exact | RSS MB | KV MB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| B | method | tok/s | x ar | predicted tok/s | budget | probe steps | MAT | p50 latency s | exact | RSS MB | KV MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         pred = f"{r.predicted_tokens_per_s:.2f}" if r.predicted_tokens_per_s else ""
         lines.append(
-            f"| {r.batch} | {r.method} | {r.tokens_per_s:.2f} | {r.ratio_vs_ar or 0:.2f} | {pred} | {r.budget if r.budget is not None else ''} | "
+            f"| {r.batch} | {r.method} | {r.tokens_per_s:.2f} | {r.ratio_vs_ar or 0:.2f} | {pred} | {r.budget if r.budget is not None else ''} | {r.probe_steps} | "
             f"{r.mat:.2f} | {r.latency_p50_s:.1f} | {r.exact} | {r.rss_mb:.0f} | {r.kv_mb:.0f} |"
         )
     (out / "report.md").write_text("\n".join(lines) + "\n")

@@ -21,7 +21,10 @@ request into the drafts of the next, so use it only where all requests come from
 
 A feature-level drafter (an EAGLE-style head) sets ``needs_hidden = True`` and reads
 ``StepResult.hidden``; one that wants the target's view of the prompt asks for it in
-:meth:`Drafter.prefill_request` (top-k successors, hidden states).
+:meth:`Drafter.prefill_request` (top-k successors, hidden states). A drafter that can do
+without it (its drafts get worse, never wrong) sets ``prefill_optional = True``: a batch that
+decodes plainly then starts its sequences without it (``SpecEngine.start(speculative=False)``)
+and ``begin`` gets a :class:`~specgraft.types.PrefillOutput` without those fields.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class StatelessDrafter:
     """Defaults for drafters with nothing to ask of the prefill and nothing to free."""
 
     needs_hidden: ClassVar[bool] = False
+    prefill_optional: ClassVar[bool] = False
 
     def prefill_request(self) -> PrefillRequest:
         return PrefillRequest()

@@ -6,7 +6,12 @@ One proposal, for the root token ``r`` (the last committed token):
 1. **Root forward.** The draft model's cache slot (one per sequence, on the same adapter as the
    target: ``models/hf.py``) holds every committed token but the root, like the target's.
    Tokens accepted last step that the draft has not cached yet (retrieved ones, or the leaf it
-   never fed) are fed in the same forward as ``r``, so catching up costs nothing.
+   never fed) are fed in the same forward as ``r``, so catching up costs nothing. The prompt
+   itself is prefilled at the sequence's *first* proposal, not when it starts: a sequence that
+   never drafts (a batch that decodes plainly because speculation would not pay,
+   ``batch/budget.py``) never pays for the draft model's prefill. The prompt, and a backlog
+   longer than ``CATCH_UP_CHAIN`` tokens (decoded while the budget was 0), are prefilled on
+   their own first, so a batched draft forward is never padded to them.
 2. **Layers.** Layer 1 is the ``top_k`` most likely tokens after ``r``. Each deeper layer comes
    from *one* draft forward over the ``top_k`` best nodes of the previous layer (tree attention:
    each fed row sees the cache, its ancestors and itself), each contributing its ``top_k``
@@ -215,6 +220,11 @@ class DraftLanguageModel(Protocol):
     def discard(self, slot: int) -> None: ...
 
 
+#: Tokens the draft has not cached beyond which a proposal prefills them first (its own chunked,
+#: causal forward) instead of feeding them as a chain in the root forward, which a batch pads to.
+CATCH_UP_CHAIN = 16
+
+
 @dataclass
 class _Rows:
     """One draft forward a proposal asks for: new pending rows of its slot (``forward_rows``)."""
@@ -246,6 +256,8 @@ class DraftState:
     proposal: _Proposal | None = None
     # wall time of each draft forward of the last proposal (calibration reads it)
     forward_s: list[float] = field(default_factory=list)
+    # wall time of the last proposal's catch-up prefill (0: none; not in forward_s)
+    catch_up_s: float = 0.0
 
 
 class DraftModelDrafter(StatelessDrafter):
@@ -271,7 +283,8 @@ class DraftModelDrafter(StatelessDrafter):
         self._checkpoint_of = {d: j for j, d in enumerate(config.checkpoints)}
 
     def begin(self, prompt: Sequence[int], prefill: PrefillOutput, config: GenerationConfig) -> DraftState:
-        """Allocate the sequence's slot and prefill the prompt (every token but the root).
+        """Allocate the sequence's slot; the prompt is prefilled at the first proposal (module
+        docstring, step 1), so a sequence that never drafts costs the draft model nothing.
 
         The draft sampler's seed follows the generation's: ``sampling seed + 1 + config.seed``
         (never the sampling seed itself, so the two streams differ), and a fresh random seed when
@@ -287,13 +300,7 @@ class DraftModelDrafter(StatelessDrafter):
                 generator.seed()
             else:
                 generator.manual_seed(config.sampling.seed + 1 + self.config.seed)
-        slot = self.lm.allocate()
-        try:
-            self.lm.prefill(slot, list(prompt[:-1]))
-        except BaseException:
-            self.lm.release(slot)
-            raise
-        return DraftState(slot=slot, sampling=config.sampling if sampled else None, generator=generator)
+        return DraftState(slot=self.lm.allocate(), sampling=config.sampling if sampled else None, generator=generator)
 
     def end(self, state: DraftState) -> None:
         self.lm.release(state.slot)
@@ -368,6 +375,7 @@ class DraftModelDrafter(StatelessDrafter):
         cfg, lm, slot = self.config, self.lm, state.slot
         lm.discard(slot)  # a proposal never verified (propose called twice)
         state.forward_s = []
+        state.catch_up_s = 0.0
         state.proposal = None
         committed = lm.length(slot)
         if len(context) <= committed:
@@ -378,6 +386,13 @@ class DraftModelDrafter(StatelessDrafter):
         dev = lm.device
         # the tokens accepted since the last commit, then the root: a chain of pending rows
         pending = [int(t) for t in context[committed:]]
+        if len(pending) > 1 and (committed == 0 or len(pending) > CATCH_UP_CHAIN):
+            # the prompt (first proposal) or a long plain-decoding stretch: prefill it apart (not
+            # timed in forward_s, which is the per-forward drafting cost)
+            t0 = self._now()
+            lm.prefill(slot, pending[:-1])
+            state.catch_up_s = self._now() - t0
+            pending = pending[-1:]
         out = yield _Rows(pending, list(range(-1, len(pending) - 1)))
         # [1, V]
         log_q, q = self._distribution(state, out.logits[-1:])

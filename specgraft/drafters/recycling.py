@@ -136,6 +136,8 @@ class RecyclingDrafter(StatelessDrafter):
     """
 
     name: ClassVar[str] = "recycling"
+    # the prompt's top-k rows only seed the matrix; a plainly decoding batch skips them
+    prefill_optional: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -110,6 +110,9 @@ class ServerMetrics:
             family(out, "specgraft_generation_tokens_total", "counter",
                    "Tokens generated for finished requests (after a stop string: up to the token completing it).", [({}, self.generation_tokens)])
             family(out, "specgraft_steps_total", "counter", "Batched steps (one target forward each).", [({}, batch.stats.steps)])
+            family(out, "specgraft_probe_steps_total", "counter",
+                   "Steps in which one sequence drafted while the batch decoded plainly (budget warm-up and exploration).",
+                   [({}, batch.stats.probe_steps)])
             family(out, "specgraft_sequence_steps_total", "counter", "Sequences summed over batched steps.", [({}, batch.stats.sequence_steps)])
             family(out, "specgraft_engine_tokens_total", "counter", "Tokens the engine emitted (including any dropped after a stop string).",
                    [({}, batch.stats.tokens)])
