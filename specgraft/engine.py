@@ -73,8 +73,9 @@ class SequenceState:
     last_accepted: list[int] = field(default_factory=list)
     """Tree indices of the nodes the last step accepted."""
     last_draft_s: float = 0.0
-    """Drafting time of the last step (shared by a batch's sequences), without catch-up
-    prefills (a draft model prefilling a backlog: a one-off, not a per-step cost)."""
+    """Drafting time of the last step (shared by a batch's sequences). A drafter's catch-up
+    prefill (a draft model prefilling the prompt at its first proposal, or a backlog) counts as
+    the sequence's prefill (``stats.prefill_s``), not as drafting."""
     primed: bool = True
     """The drafters have what a speculative start gives them (the prompt's prefill outputs
     they asked for) or have drafted since; False for a sequence started with
@@ -210,8 +211,8 @@ class SpecEngine:
         t0 = self._now()
         trees = self.propose_batch([seq for _, seq, _, _ in live], [n for *_, n, _ in live], [d for *_, d in live])
         t1 = self._now()
-        # a drafter's one-off catch-up (a draft model prefilling a prompt) is not per-step drafting
-        catch_up = sum(getattr(st, "catch_up_s", 0.0) for _, seq, n, d in live if n > 0 and d > 0 for st in seq.drafter_states)
+        # a drafter's one-off catch-up (a draft model prefilling a prompt) is prefill, not drafting
+        catch_up = [sum(getattr(st, "catch_up_s", 0.0) for st in seq.drafter_states) if n > 0 and d > 0 else 0.0 for _, seq, n, d in live]
         outs = self.target.forward_batch(
             [seq.slot for _, seq, _, _ in live],
             [[seq.context[-1], *tree.tokens] for (_, seq, _, _), tree in zip(live, trees)],
@@ -220,11 +221,12 @@ class SpecEngine:
             hidden_layer=self.hidden_layer,
         )
         t2 = self._now()
-        for (b, seq, n, d), tree, out in zip(live, trees, outs, strict=True):
+        draft_s = max(0.0, t1 - t0 - sum(catch_up))
+        for (b, seq, n, d), tree, out, own in zip(live, trees, outs, catch_up, strict=True):
             seq.last_budget = n if d > 0 else 0
             seq.primed = seq.primed or seq.last_budget > 0
-            emitted[b] = self._finish_step(seq, tree, out, draft_s=t1 - t0, forward_s=t2 - t1)
-            seq.last_draft_s = max(0.0, t1 - t0 - catch_up)
+            seq.stats.prefill_s += own
+            emitted[b] = self._finish_step(seq, tree, out, draft_s=draft_s, forward_s=t2 - t1)
         return emitted
 
     def _finish_step(self, seq: SequenceState, tree: DraftTree, out: RowsOutput, draft_s: float, forward_s: float) -> list[int]:
