@@ -120,8 +120,9 @@ class PlainPolicy:
 
 
 def test_a_plainly_decoding_batch_does_no_drafting_work(monkeypatch):
-    """The full fallback: at budget 0 the draft model never runs (not even its prefill, deferred to
-    a first proposal that never comes) and Token Recycling's prompt top-k is not computed."""
+    """The full fallback: at budget 0 the draft model never runs (not even its slot and prefill,
+    deferred to a first proposal that never comes) and Token Recycling's prompt top-k is not
+    computed."""
     model = TINY_MODELS["llama"]()
     target = HFTarget(model)
     ar = build(target, "ar", None)
@@ -140,7 +141,7 @@ def test_a_plainly_decoding_batch_does_no_drafting_work(monkeypatch):
         draft_calls = []
         if method == "draft-tree":
             lm = engine.drafters[0].lm
-            for name in ("prefill", "forward_rows", "forward_batch"):
+            for name in ("allocate", "prefill", "forward_rows", "forward_batch"):
                 monkeypatch.setattr(lm, name, lambda *a, _n=name, **k: draft_calls.append(_n))
         requested.clear()
         batch = BatchEngine(engine, max_batch=3, policy=PlainPolicy())

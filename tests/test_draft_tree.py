@@ -100,8 +100,9 @@ def test_draft_cache_stays_in_step_with_the_target():
     for got, want in zip(lm.cache.layers, fresh.cache.layers, strict=True):
         torch.testing.assert_close(got.keys[state.slot, :, :committed], want.keys[slot, :, :committed])
         torch.testing.assert_close(got.values[state.slot, :, :committed], want.values[slot, :, :committed])
+    used = state.slot
     engine.finish(seq)
-    assert lm.cache.free and state.slot in lm.cache.free, "finishing frees the draft model's slot"
+    assert lm.cache.free and used in lm.cache.free and state.slot is None, "finishing frees the draft model's slot"
 
 
 # ---- the tree's shape ---------------------------------------------------------------------

