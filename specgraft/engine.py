@@ -189,8 +189,9 @@ class SpecEngine:
         is then verified, committed and observed on its own, with its own sampling generator.
         So a sequence's output does not depend on what else is in the batch. ``budget`` caps
         every sequence's budget this step (0 = plain decoding: no drafting, the root alone);
-        None leaves each sequence's own; a list gives one cap per sequence. Returns each sequence's emitted tokens (``[]`` for one
-        that is done). Timings: each sequence's stats count the shared draft and forward time.
+        None leaves each sequence's own; a list gives one cap per sequence. Returns each
+        sequence's emitted tokens (``[]`` for one that is done). Timings: each sequence's stats
+        count the shared draft and forward time.
         """
         emitted: list[list[int]] = [[] for _ in seqs]
         live: list[tuple[int, SequenceState, int, int]] = []  # (index, seq, budget, max depth)

@@ -222,7 +222,7 @@ class BatchEngine:
             # the batch size it will decode in: a sequence expected to decode plainly starts
             # without its drafters' optional prefill work
             size = min(self.max_batch, len(self.running) + 1 + len(self._waiting))
-            budget = request.config.budget if request.config.budget is not None else self.engine.default_budget
+            budget = request.config.with_default_budget(self.engine.default_budget).budget
             try:
                 seq = self.engine.start(request.prompt, request.config, speculative=self.policy.speculating(size, budget))
             except (ValueError, RuntimeError) as e:  # e.g. out of memory for the cache
