@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence
 
+import numpy as np
+
 #: Ranks whose acceptance is tracked (budgets beyond this reuse the last rank's rate).
 MAX_RANK = 128
 
@@ -115,6 +117,25 @@ class CostTable:
         if batch in self.seconds:
             return self._rows_cost(batch, rows)
         return _interp({b: self._rows_cost(b, rows) for b in sizes}, batch)
+
+    def row_cost(self, batch: int = 1, max_rows: int = 16) -> float:
+        """Cost of one more verified row per sequence, as a fraction of a one-row forward of
+        ``batch`` sequences: the slope of a least-squares line through the measured forwards of
+        up to ``max_rows`` rows, over the line's value at one row (what
+        :func:`specgraft.tree.paths.cost_aware_subset` reads). A line, not the measured points
+        themselves: single measurements wobble by a few percent (the shipped 1.5B CPU table has
+        4 rows at 541 ms and 8 at 563 ms), and a per-node decision should not follow the wobble.
+
+        >>> CostTable("m", "cpu", {1: {1: 0.3, 5: 0.4, 9: 0.5}}).row_cost()  # 0.025 s a row / 0.3 s
+        0.083333
+        """
+        rows = sorted({n for row in self.seconds.values() for n in row if n <= max_rows})
+        if len(rows) < 2:
+            raise ValueError(f"a row cost needs forwards of two or more row counts up to {max_rows}")
+        xs = np.array(rows, dtype=np.float64)
+        ys = np.array([self.cost(batch, n) for n in rows], dtype=np.float64)
+        slope, intercept = np.polyfit(xs, ys, 1)
+        return round(max(0.0, float(slope)) / float(intercept + slope), 6)
 
     def to_json(self) -> dict:
         return {

@@ -111,3 +111,29 @@ def measure_costs(
         model=target.name, device=str(target.device), seconds=seconds, context=context, threads=torch.get_num_threads(),
         dtype=str(target.dtype).replace("torch.", ""), meta={"reps": reps, "measured": time.strftime("%Y-%m-%d %H:%M")},
     )
+
+
+def resolve_row_cost(value: str | float | None, model: str, device: str, threads: int | None = None) -> tuple[float | None, str]:
+    """``--row-cost``: ``none`` / None (the fixed ``min_prob`` cut), a number, or ``auto`` (the
+    row cost of the cost table :func:`find_cost_table` gives for ``model`` on ``device``, batch
+    size 1). Returns the value and where it came from, for the run's summary line.
+
+    >>> resolve_row_cost("0.05", "m", "cpu"), resolve_row_cost(None, "m", "cpu")
+    ((0.05, 'given'), (None, 'none'))
+    >>> resolve_row_cost("auto", "no-such-model", "cpu")
+    (None, 'auto: no cost table for no-such-model on cpu (specgraft profile writes one)')
+    """
+    if value is None or value == "none":
+        return None, "none"
+    if value != "auto":
+        try:
+            cost = float(value)
+        except ValueError:
+            raise ValueError(f"--row-cost takes a number >= 0, auto or none, got {value!r}") from None
+        if not cost >= 0.0:
+            raise ValueError(f"--row-cost must be >= 0, got {cost}")
+        return cost, "given"
+    path = find_cost_table(model, device, threads)
+    if path is None:
+        return None, f"auto: no cost table for {Path(model.rstrip('/')).name} on {device} (specgraft profile writes one)"
+    return CostTable.load(path).row_cost(1), f"auto: {path.name}"

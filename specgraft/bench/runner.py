@@ -81,7 +81,7 @@ class BenchConfig:
     """Draft model (same tokenizer as the target), loaded once for ``hf-assisted``, ``draft-tree``
     and the Graft variants."""
     draft_quant: str = "auto"
-    """Numerics of the draft model (``int8``, ``bf16``, ``fp16``, ``none``; ``auto``: none on CPU,
+    """Numerics of the draft model (``int8``, ``bf16``, ``fp16``, ``none``; ``auto``: int8 on CPU,
     bf16 on a GPU; ``GraftOptions.draft_quant``); ``hf-assisted`` gets the same loaded draft. The
     resolved one is recorded (``resolved_draft_quant``)."""
     per_task: int | None = None
@@ -128,6 +128,9 @@ class BenchConfig:
     """Datastore directories the reader methods search (``MethodOptions.datastores``)."""
     reader_shape: str | None = None
     """READER's tree shape from ``specgraft tune`` (default: ``ReaderConfig``'s)."""
+    row_cost: float | None = None
+    """Relative cost of a verified row for ``pld`` and the AdaPLD methods' cost-aware pruning
+    (``MethodOptions.row_cost``; the CLI resolves ``--row-cost auto`` from the cost table)."""
     bracket: bool = True
     """Run ``ar`` again after the other methods on every input (rows named ``ar-end``); speedups
     then use the mean of the two ``ar`` times, which cancels a slow drift of the machine's speed
@@ -259,7 +262,8 @@ class BenchConfig:
 
         reader = reader_config(self.reader_shape, self.model, self.draft_model, self.preset)
         return MethodOptions(
-            recycling_state=self.recycling_state, graft=graft, learning=self.learning, datastores=tuple(self.datastores), reader=reader
+            recycling_state=self.recycling_state, graft=graft, learning=self.learning, datastores=tuple(self.datastores), reader=reader,
+            row_cost=self.row_cost,
         )
 
     def comparable(self) -> dict[str, Any]:
@@ -267,7 +271,7 @@ class BenchConfig:
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "resolved_draft_quant", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
                 "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape",
-                "vllm_spec_tokens")
+                "vllm_spec_tokens", "row_cost")
         out = {k: getattr(self, k) for k in keep}
         out["datastores"] = list(self.datastores)  # as run.json stores it
         return out
@@ -293,6 +297,8 @@ class BenchConfig:
         parts += ["--dtype", self.dtype, "--seed", str(self.seed)]
         if self.budget is not None:
             parts += ["--budget", str(self.budget)]
+        if self.row_cost is not None:
+            parts += ["--row-cost", str(self.row_cost)]
         if self.threads is not None:
             parts += ["--threads", str(self.threads)]
         if self.alpaca_path:
@@ -452,7 +458,7 @@ def _session_id() -> str:
 _RECORDED_SINCE = {
     "resolved_draft_quant": lambda before: "none" if before.get("draft_model") else None,
     "preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None,
-    "vllm_spec_tokens": 5,
+    "vllm_spec_tokens": 5, "row_cost": None,
 }
 
 

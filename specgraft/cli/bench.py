@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.generate import draft_quant_option
+from specgraft.cli.generate import ROW_COST, draft_quant_option, row_cost_value
 from specgraft.methods import method_names  # imports no torch
 
 
@@ -61,6 +61,7 @@ def bench(
         None, "--datastore", help="Datastore directory for the reader methods (repeat or comma list; recorded)."
     ),
     reader_shape: Optional[str] = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune` (recorded)."),
+    row_cost: Optional[str] = ROW_COST,
     vllm_python: Optional[str] = typer.Option(
         None, "--vllm-python",
         help="Python of the vLLM venv that runs the vLLM peers (default: $SPECGRAFT_VLLM_PYTHON, else /work/.venv-vllm/bin/python).",
@@ -92,6 +93,7 @@ def bench(
         threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
         preset=preset, sample_drafts=sample_drafts, device=device, learning=learning, datastores=split_paths(datastore),
         reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens,
+        row_cost=row_cost_value(row_cost, model, device, threads),
     )
     report = run_benchmark(config)
     typer.echo(report.read_text())

@@ -34,7 +34,7 @@ def draft_quant_option() -> typer.models.OptionInfo:
     """``--draft-quant``, as ``generate``, ``bench`` and ``calibrate`` take it (``models/quant.py``)."""
     return typer.Option(
         "auto", "--draft-quant",
-        help="Numerics of the draft model only (outputs stay the target's): auto (none on CPU, bf16 on a GPU), "
+        help="Numerics of the draft model only (outputs stay the target's): auto (int8 on CPU, bf16 on a GPU), "
         "int8, bf16, fp16 or none (the draft in --dtype).",
     )
 
@@ -170,6 +170,27 @@ DRAFT_TOP_K = typer.Option(None, "--draft-top-k", help="Children per expanded dr
 LEARNING = typer.Option("request", help="request (default) or shared: see `specgraft.drafters.base.Learning`.")
 DATASTORE = typer.Option(None, "--datastore", help="Datastore directory for reader (repeat or comma list; `specgraft datastore build`).")
 READER_SHAPE = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune`.")
+ROW_COST = typer.Option(
+    None, "--row-cost",
+    help="pld and adapld*: cut each tree where expected tokens per unit of verify cost peak, a verified row costing this "
+    "fraction of a one-row step; auto = from the cost table of this model, device and threads (`specgraft profile`, or "
+    "the shipped one); default none: the fixed estimated-acceptance cut (min_prob 0.1).",
+)
+
+
+def row_cost_value(value: Optional[str], model: str, device: str, threads: Optional[int]) -> Optional[float]:
+    """``--row-cost`` resolved (``auto`` from the cost table), with one line on stderr saying where from."""
+    if value is None or value == "none":
+        return None
+    import torch
+
+    from specgraft.batch.profile import resolve_row_cost
+
+    where = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    cost, source = resolve_row_cost(value, model, where, threads or torch.get_num_threads())
+    if value == "auto":
+        err.print(f"--row-cost {source}" + (f": {cost}" if cost is not None else "; pruning at min_prob"))
+    return cost
 
 
 def method_options(
@@ -187,6 +208,7 @@ def method_options(
     reader_shape: Optional[str],
     sample_drafts_at: Optional[float] = None,
     draft_quant: str = "auto",
+    row_cost: Optional[float] = None,
 ) -> MethodOptions:
     """The :class:`MethodOptions` of the options above; ``sample_drafts_at``: sample draft children
     at this temperature (``--sample-drafts``); ``draft_quant``: the draft model's numerics."""
@@ -200,7 +222,7 @@ def method_options(
         graft = with_sampled_drafts(graft, sample_drafts_at)
     return MethodOptions(
         recycling_state=recycling_state, graft=graft, learning=learning, datastores=split_paths(datastore),
-        reader=reader_config(reader_shape, model, draft_model, preset),
+        reader=reader_config(reader_shape, model, draft_model, preset), row_cost=row_cost,
     )
 
 
@@ -235,12 +257,14 @@ def generate(
     learning: str = LEARNING,
     datastore: Optional[list[str]] = DATASTORE,
     reader_shape: Optional[str] = READER_SHAPE,
+    row_cost: Optional[str] = ROW_COST,
 ) -> None:
     """Generate text with a speculative method, streaming it."""
     options = method_options(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore,
         reader_shape=reader_shape, sample_drafts_at=temperature if sample_drafts else None, draft_quant=draft_quant,
+        row_cost=row_cost_value(row_cost, model, device, threads),
     )
     run_generate(
         prompt, model, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

@@ -8,9 +8,9 @@ from typing import Optional
 import typer
 
 from specgraft.cli.generate import (
-    CALIBRATION, DATASTORE, DEVICE, DRAFT_DEPTH, DRAFT_MODEL, DRAFT_TOP_K, DTYPE, LEARNING, PRESET, READER_SHAPE, RECYCLING_STATE,
+    CALIBRATION, DATASTORE, DEVICE, DRAFT_DEPTH, DRAFT_MODEL, DRAFT_TOP_K, DTYPE, LEARNING, PRESET, READER_SHAPE, RECYCLING_STATE, ROW_COST,
     draft_quant_option,
-    THREADS, _method_help, err, method_options, set_threads,
+    THREADS, _method_help, err, method_options, row_cost_value, set_threads,
 )
 
 
@@ -51,6 +51,7 @@ def serve(
     learning: str = LEARNING,
     datastore: Optional[list[str]] = DATASTORE,
     reader_shape: Optional[str] = READER_SHAPE,
+    row_cost: Optional[str] = ROW_COST,
 ) -> None:
     """Serve a model over OpenAI's completions and chat completions API (continuous batching)."""
     from specgraft.api import SpecDecoder
@@ -74,7 +75,7 @@ def serve(
     options = method_options(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore, reader_shape=reader_shape,
-        draft_quant=draft_quant,
+        draft_quant=draft_quant, row_cost=row_cost_value(row_cost, model, device, threads),
     )
     decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options)
     if cost_table is None:

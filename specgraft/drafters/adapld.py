@@ -65,9 +65,8 @@ import torch
 
 from specgraft.config import GenerationConfig
 from specgraft.drafters.base import Learning, StatelessDrafter
-from specgraft.drafters.pld import CopyRates
-from specgraft.tree.paths import best_first
-from specgraft.types import Draft, PrefillOutput, PrefillRequest, StepResult, reindex
+from specgraft.drafters.pld import CopyRates, prune
+from specgraft.types import Draft, PrefillOutput, PrefillRequest, StepResult
 
 #: Reranking layer per model signature ``(model_type, num_layers, hidden_size)``, from the
 #: sweep in ``benchmarks/adapld_layer_sweep.py`` (PLD+'s protocol, AdaPLD Table 6).
@@ -109,6 +108,9 @@ class AdaPLDConfig:
     """One successor per branch (off: ``adapld-no-successor``)."""
     min_prob: float = 0.1
     """Nodes whose estimated acceptance is below this are not proposed (0 = the whole tree)."""
+    row_cost: float | None = None
+    """Cost of a verified row relative to a one-row step: cut the tree where expected tokens
+    per cost peaks, as ``PLDConfig.row_cost``; None = ``min_prob`` and the budget alone."""
     prior_first: tuple[float, ...] = (0.3, 0.5, 0.8)
     """Prior rate of the main copy's first token, by agreement n = 1, 2, >=3 before the anchor."""
     prior_later: tuple[float, ...] = (0.5, 0.7, 0.88)
@@ -127,6 +129,8 @@ class AdaPLDConfig:
             raise ValueError(f"threshold is a cosine in [-1, 1], got {self.threshold}")
         if not 0.0 <= self.min_prob < 1.0:
             raise ValueError(f"min_prob must lie in [0, 1), got {self.min_prob}")
+        if self.row_cost is not None and not self.row_cost >= 0.0:
+            raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
         if self.layer is not None and self.layer < 1:
             raise ValueError(f"layer must be >= 1 (a decoder layer's output), got {self.layer}")
         if len(self.prior_first) != len(self.prior_later) or not self.prior_first:
@@ -393,9 +397,7 @@ class AdaPLDDrafter(StatelessDrafter):
                     keys.append((1, 2, 1.0))
                     probs.append(p_b * state.successor_rate.rate(1, 1))
         # a child never beats its parent (rates <= 1), so dropping p < min_prob keeps a tree
-        keep = [i for i in range(len(tokens)) if probs[i] >= cfg.min_prob]
-        if len(keep) > budget:
-            keep = [keep[i] for i in best_first(reindex(parents, keep), [probs[i] for i in keep], budget)]
+        keep = prune(parents, probs, [i for i in range(len(tokens)) if probs[i] >= cfg.min_prob], budget, cfg.row_cost)
         state.last = (tokens, parents, kinds, keys)
         return Draft(source=self.name, tokens=tokens, parents=parents, scores=probs).subset(keep)
 

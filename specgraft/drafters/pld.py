@@ -44,7 +44,7 @@ import numpy as np
 
 from specgraft.config import GenerationConfig
 from specgraft.drafters.base import Learning, StatelessDrafter
-from specgraft.tree.paths import best_first
+from specgraft.tree.paths import best_first, cost_aware_subset
 from specgraft.types import Draft, PrefillOutput, StepResult, reindex
 
 
@@ -62,6 +62,11 @@ class PLDConfig:
     """How far back a match's agreement with the context is measured (its weight; 0 = just n)."""
     min_prob: float = 0.1
     """Nodes whose estimated acceptance probability is below this are not proposed."""
+    row_cost: float | None = None
+    """Cost of one more verified row as a fraction of a one-row step (``CostTable.row_cost``);
+    when set, the best-first nodes that pass ``min_prob`` are cut where expected tokens per
+    unit of cost peaks (:func:`~specgraft.tree.paths.cost_aware_subset`). None: ``min_prob`` and
+    ``budget`` alone."""
     prior_first: tuple[float, ...] = (0.25, 0.3, 0.8)
     """Prior ``q(n, 1)`` for n = 1, 2, 3, ... (the last entry serves longer n-grams)."""
     prior_later: tuple[float, ...] = (0.3, 0.6, 0.88)
@@ -78,6 +83,8 @@ class PLDConfig:
             raise ValueError(f"max_copy and max_matches must be >= 1, got {self.max_copy} and {self.max_matches}")
         if not 0.0 <= self.min_prob < 1.0:
             raise ValueError(f"min_prob must lie in [0, 1), got {self.min_prob}")
+        if self.row_cost is not None and not self.row_cost >= 0.0:
+            raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
         if not self.prior_first or len(self.prior_first) != len(self.prior_later):
             raise ValueError("prior_first and prior_later need the same, non-zero length")
         if any(not 0.0 < q <= 1.0 for q in (*self.prior_first, *self.prior_later)):
@@ -164,6 +171,21 @@ class PLDState:
         elif len(context) > known:
             self.context = np.concatenate([self.context, np.asarray(context[known:], dtype=np.int64)])
         return self.context
+
+
+def prune(parents: Sequence[int], probs: Sequence[float], keep: list[int], budget: int, row_cost: float | None) -> list[int]:
+    """The nodes of ``keep`` (closed under parents, ascending) to propose: the best ``budget`` by
+    estimated acceptance ``probs``, cut further by the row cost when one is given.
+
+    >>> prune([-1, 0, 1], [0.9, 0.45, 0.1], [0, 1, 2], 8, None), prune([-1, 0, 1], [0.9, 0.45, 0.1], [0, 1, 2], 8, 0.1)
+    ([0, 1, 2], [0, 1])
+    """
+    if row_cost is not None:
+        sub = cost_aware_subset(reindex(parents, keep), [probs[i] for i in keep], budget, row_cost)
+        return [keep[i] for i in sub]
+    if len(keep) > budget:
+        keep = [keep[i] for i in best_first(reindex(parents, keep), [probs[i] for i in keep], budget)]
+    return keep
 
 
 class PLDDrafter(StatelessDrafter):
@@ -254,9 +276,7 @@ class PLDDrafter(StatelessDrafter):
             probs.append(base * support[i] / continuing[p] * state.rates.rate(longest[i], depth[i]))
         # a child never beats its parent (p only shrinks), so dropping p < min_prob keeps a tree
         keep = [i for i in range(len(tokens)) if probs[i] >= cfg.min_prob]
-        if len(keep) > budget:
-            kept_probs = [probs[i] for i in keep]
-            keep = [keep[i] for i in best_first(reindex(parents, keep), kept_probs, budget)]
+        keep = prune(parents, probs, keep, budget, cfg.row_cost)
         draft = Draft(source=self.name, tokens=tokens, parents=parents, scores=probs).subset(keep)
         # every proposed node, kept or not: observe learns the copy rates from all of them
         shares = [support[i] / continuing[p] for i, p in enumerate(parents)]

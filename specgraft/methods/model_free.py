@@ -26,7 +26,8 @@ def build_pld(target: TargetModel, opts: MethodOptions, draft_model: Any = None)
     from specgraft.drafters.base import Learning
     from specgraft.drafters.pld import PLDDrafter
 
-    return [PLDDrafter(opts.pld, Learning(opts.learning))], MergeComposer()
+    config = opts.pld if opts.row_cost is None else replace(opts.pld, row_cost=opts.row_cost)
+    return [PLDDrafter(config, Learning(opts.learning))], MergeComposer()
 
 
 def build_recycling(target: TargetModel, opts: MethodOptions, draft_model: Any = None) -> tuple[list[Drafter], Composer]:
@@ -66,4 +67,6 @@ def build_adapld(variant: str, target: TargetModel, opts: MethodOptions, draft_m
     from specgraft.drafters.base import Learning
 
     config = replace(opts.adapld, **ADAPLD_METHODS[variant][1])
+    if opts.row_cost is not None and config.min_prob > 0:  # adapld-full verifies the whole tree
+        config = replace(config, row_cost=opts.row_cost)
     return [adapld.build_adapld(target, config, Learning(opts.learning))], MergeComposer()

@@ -134,6 +134,11 @@ class MethodOptions:
     datastores: tuple[str, ...] = ()
     """Datastore directories (``specgraft datastore build``) that READER searches besides the
     trie of the sequence's own context; shared and read-only."""
+    row_cost: float | None = None
+    """Cost of one more verified row as a fraction of a one-row target step
+    (``CostTable.row_cost``, ``--row-cost``): when set, ``pld`` and the AdaPLD methods cut their
+    best-first trees where expected tokens per unit of cost peaks instead of at ``min_prob``
+    alone (``tree.paths.cost_aware_subset``); it overrides ``pld.row_cost`` and ``adapld.row_cost``."""
     learning: str = "request"
     """What a request learns (PLD's copy rates, the successor matrix of ``recycling`` and the
     Graft variants) is dropped at its end (``request``: every request starts from the shared
@@ -142,6 +147,8 @@ class MethodOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "datastores", tuple(str(p) for p in self.datastores))
+        if self.row_cost is not None and not self.row_cost >= 0.0:
+            raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
         if self.learning not in LEARNING:
             raise ValueError(f"learning must be one of {', '.join(LEARNING)}, got {self.learning!r}")
 

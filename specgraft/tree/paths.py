@@ -64,3 +64,37 @@ def best_first_order(parents: Sequence[int], scores: Sequence[float], n: int) ->
         for c in children[i + 1]:
             heapq.heappush(heap, (-scores[c], c))
     return kept
+
+
+def cost_aware_subset(parents: Sequence[int], probs: Sequence[float], n: int, row_cost: float) -> list[int]:
+    """The best-first prefix of at most ``n`` nodes that maximises expected tokens per unit of cost.
+
+    ``probs`` are estimated acceptance probabilities (a child's never above its parent's), so
+    a step that verifies the first ``k`` nodes of the best-first order yields
+    ``1 + sum(probs)`` tokens on average (the bonus token included), and costs
+    ``1 + row_cost * k`` one-row steps when each verified row costs ``row_cost`` of one
+    (:meth:`specgraft.batch.budget.CostTable.row_cost` fits it from measured forwards).
+    A node pays only while its ``p`` beats ``row_cost`` times the tokens per cost reached so
+    far, so a fixed probability cut (``min_prob``) becomes one that follows the device: with
+    the 1.5B target on the 2-core CPU (``row_cost`` 0.067) nodes under ~0.07-0.2 are dropped (the
+    cut rises with the tokens per cost the tree already promises), on a device whose extra rows
+    are nearly free almost nothing is. Returns indices ascending, like :func:`best_first`.
+
+    Three chained nodes ``0.9, 0.45, 0.1``: at ``row_cost = 0.1`` the third does not pay
+    (``2.35 / 1.2 = 1.96`` before it, ``2.45 / 1.3 = 1.88`` with it); free rows keep it.
+
+    >>> cost_aware_subset([-1, 0, 1], [0.9, 0.45, 0.1], 8, 0.1)
+    [0, 1]
+    >>> cost_aware_subset([-1, 0, 1], [0.9, 0.45, 0.1], 8, 0.0)
+    [0, 1, 2]
+    """
+    if not row_cost >= 0.0:
+        raise ValueError(f"row_cost must be >= 0, got {row_cost}")
+    order = best_first_order(parents, probs, n)
+    best_k, best, tokens = 0, 1.0, 1.0
+    for k, i in enumerate(order, start=1):
+        tokens += probs[i]
+        value = tokens / (1.0 + row_cost * k)
+        if value > best:
+            best_k, best = k, value
+    return sorted(order[:best_k])
