@@ -9,6 +9,19 @@ turns, greedy, ``--max-new-tokens`` tokens, EOS does not stop): ``ar``, then eve
 bracketed. Each pass starts with one untimed warm-up generation on a prompt outside the set.
 Every output is checked against this run's ``ar`` token for token.
 
+``--baselines`` times methods without a draft model beside them, once per ``METHOD[@ROW_COST]``
+(``MethodOptions.row_cost``: the cost-aware cut of ``pld`` and AdaPLD)::
+
+    python benchmarks/measure_draft_speed.py --methods none --baselines pld,pld@0.067,adapld,adapld@0.067 \\
+        --suite benchmarks/results-issue13/input_guided.jsonl --max-new-tokens 128 --out benchmarks/results-issue13/row_cost.json
+
+``--shapes`` also sweeps the draft tree's shape, ``DEPTHxTOPK:BUDGET`` each (``preset`` = the
+preset's own): a cheaper draft may pay for a deeper tree. A calibration belongs to one shape, so
+shapes other than the preset's run without one (use it for ``draft-tree``, which reads none)::
+
+    python benchmarks/measure_draft_speed.py --methods draft-tree --quants int8 \\
+        --shapes preset,5x2:10,6x2:12,6x3:12 --out benchmarks/results-issue14/shapes.json
+
 Speed = total time of ``ar`` over the prompts / total time of the method (prefill included:
 the draft model's own prompt prefill happens at its first drafting step), with MAT beside it::
 
@@ -22,6 +35,7 @@ import argparse
 import gc
 import json
 import time
+from dataclasses import replace
 
 
 def main() -> None:
@@ -42,6 +56,11 @@ def main() -> None:
     parser.add_argument("--suite", default="spec-bench:1,humaneval:2")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--baselines", default="",
+        help="methods without a draft model to time beside them, each METHOD or METHOD@ROW_COST (e.g. pld,pld@0.067: MethodOptions.row_cost)",
+    )
+    parser.add_argument("--shapes", default="preset", help="DEPTHxTOPK:BUDGET list; preset = the preset's shape")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -52,16 +71,24 @@ def main() -> None:
     rows: list[dict] = []
     reference: dict[str, list[int]] = {}
 
-    def run(decoder, label: str, quant: str) -> None:
-        decoder.generate(warm, config=GenerationConfig(max_new_tokens=8, stop_on_eos=False))
+    def parse_shape(text: str) -> tuple[int | None, int | None, int | None]:
+        if text == "preset":
+            return None, None, None
+        dims, budget = text.split(":")
+        depth, top_k = dims.split("x")
+        return int(depth), int(top_k), int(budget)
+
+    def run(decoder, label: str, quant: str, shape: str = "-", budget: int | None = None) -> None:
+        cfg = config if budget is None else replace(config, budget=budget)
+        decoder.generate(warm, config=replace(cfg, max_new_tokens=8))
         for prompt in prompts:
             t0 = time.perf_counter()
-            out = decoder.generate(prompt.turns[0], chat=prompt.chat, config=config)
+            out = decoder.generate(prompt.turns[0], chat=prompt.chat, config=cfg)
             elapsed = time.perf_counter() - t0
             if label == "ar" and prompt.id not in reference:
                 reference[prompt.id] = out.tokens
             row = {
-                "method": label, "quant": quant, "prompt_id": prompt.id, "task": prompt.task, "new_tokens": len(out.tokens),
+                "method": label, "quant": quant, "shape": shape, "prompt_id": prompt.id, "task": prompt.task, "new_tokens": len(out.tokens),
                 "steps": out.stats.steps, "mat": round(out.stats.mat, 4), "time_s": round(elapsed, 3),
                 "exact": out.tokens == reference[prompt.id],
             }
@@ -69,27 +96,37 @@ def main() -> None:
             print(json.dumps(row), flush=True)
 
     run(target, "ar", "-")
-    for quant in args.quants.split(","):
+    baselines = [m for m in args.baselines.split(",") if m]
+    for label in baselines:
+        method, _, row_cost = label.partition("@")
+        options = MethodOptions(row_cost=float(row_cost)) if row_cost else MethodOptions()
+        run(target.with_method(method, options), label, "-")
+    draft_methods = [m for m in args.methods.split(",") if m and m != "none"]
+    for quant in args.quants.split(",") if draft_methods else ():
         draft = load_draft_model(args.draft_model, "float32", "cpu", progress=False, target_tokenizer=target.tokenizer, quant=quant)
-        for method in args.methods.split(","):
-            graft = GraftOptions(draft_model=args.draft_model, draft_quant=quant, calibration=args.calibration)
-            run(target.with_method(method, MethodOptions(graft=graft), draft_model=draft), method, quant)
+        for method in draft_methods:
+            for shape in args.shapes.split(","):
+                depth, top_k, budget = parse_shape(shape)
+                calibration = args.calibration if shape == "preset" else None
+                graft = GraftOptions(draft_model=args.draft_model, draft_quant=quant, calibration=calibration, depth=depth, top_k=top_k)
+                run(target.with_method(method, MethodOptions(graft=graft), draft_model=draft), method, quant, shape, budget)
         del draft
         gc.collect()
     run(target, "ar", "-")
 
     ar_time = sum(r["time_s"] for r in rows if r["method"] == "ar") / 2
     print(f"\nar: {ar_time:.1f} s over {len(prompts)} prompts (mean of the two passes)")
-    print("method        quant  time s   speed vs ar   MAT     exact")
+    print("method        quant  shape     time s   speed vs ar   MAT     exact")
     summary = []
-    for quant in args.quants.split(","):
-        for method in args.methods.split(","):
-            sel = [r for r in rows if r["method"] == method and r["quant"] == quant]
-            t = sum(r["time_s"] for r in sel)
-            mat = sum(r["new_tokens"] for r in sel) / sum(r["steps"] for r in sel)
-            exact = sum(r["exact"] for r in sel)
-            summary.append({"method": method, "quant": quant, "time_s": round(t, 2), "speedup": round(ar_time / t, 3), "mat": round(mat, 3), "exact": f"{exact}/{len(sel)}"})
-            print(f"{method:<13} {quant:<6} {t:7.1f}   {ar_time / t:5.2f}x        {mat:.2f}    {exact}/{len(sel)}")
+    cells = [(m, "-", "-") for m in baselines]
+    cells += [(m, q, s) for q in args.quants.split(",") for m in draft_methods for s in args.shapes.split(",")]
+    for method, quant, shape in cells:
+        sel = [r for r in rows if r["method"] == method and r["quant"] == quant and r["shape"] == shape]
+        t = sum(r["time_s"] for r in sel)
+        mat = sum(r["new_tokens"] for r in sel) / sum(r["steps"] for r in sel)
+        exact = sum(r["exact"] for r in sel)
+        summary.append({"method": method, "quant": quant, "shape": shape, "time_s": round(t, 2), "speedup": round(ar_time / t, 3), "mat": round(mat, 3), "exact": f"{exact}/{len(sel)}"})
+        print(f"{method:<13} {quant:<6} {shape:<9} {t:7.1f}   {ar_time / t:5.2f}x        {mat:.2f}    {exact}/{len(sel)}")
     if args.out:
         from pathlib import Path
 

@@ -446,13 +446,13 @@ def test_draft_model_methods(target_dir, draft_dir, tmp_path):
         assert r.config["calibration"] == calibration
         if r.method != "ar":
             assert method_config["options"]["graft"]["calibration"] == calibration
-            assert method_config["draft_model"] == {"name_or_path": draft_dir, "dtype": "float32", "numerics": "float32"}, "auto on CPU"
+            assert method_config["draft_model"] == {"name_or_path": draft_dir, "dtype": "float32", "numerics": "int8"}, "auto on CPU"
             assert r.proposed_by_source["draft"] > 0
     assert any("retrieval" in r.proposed_by_source for r in rows if r.method == "graft")
     run_info = json.loads((out / "run.json").read_text())
     assert run_info["config"]["budgets"] == {"ar": 1, "draft-tree": 8, "graft": 8} == {m: METHODS[m].default_budget for m in ("ar", "draft-tree", "graft")}
     assert run_info["config"]["resolved_dtype"] == "float32" and f"--calibration {calibration}" in run_info["command"]
-    assert run_info["config"]["resolved_draft_quant"] == "none"
+    assert run_info["config"]["resolved_draft_quant"] == "int8"
     assert "budget (nodes per step) ar 1, draft-tree 8, graft 8" in report.read_text()
 
     # resuming with another budget for a method already measured is refused
@@ -461,16 +461,16 @@ def test_draft_model_methods(target_dir, draft_dir, tmp_path):
 
 
 def test_one_draft_model_for_every_method(target_dir, draft_dir, tmp_path):
-    cfg = config(target_dir, tmp_path / "o", methods="draft-tree,graft-tail,hf-assisted", draft_model=draft_dir)
+    cfg = config(target_dir, tmp_path / "o", methods="draft-tree,graft-tail,hf-assisted", draft_model=draft_dir, draft_quant="none")
     options = cfg.method_options()
     models = load_models(cfg, options)
     methods = build_methods(cfg, models, options)
     assert methods["hf-assisted"].assistant_model is models.draft
     assert methods["draft-tree"].decoder.draft_model is models.draft and methods["graft-tail"].decoder.draft_model is models.draft
-    # --draft-quant auto on CPU (none): loaded like the target, same CPU kernels
+    # --draft-quant none: loaded like the target, same CPU kernels
     kernels = {type(m) for m in models.draft.modules()} & {OneDNNLinear, torch.nn.Linear}
     assert kernels == {type(m) for m in models.decoder.model.modules()} & {OneDNNLinear, torch.nn.Linear}
-    # --draft-quant int8: the one loaded draft (hf-assisted's too) has int8 linears
+    # --draft-quant int8 (auto on CPU): the one loaded draft (hf-assisted's too) has int8 linears
     cfg = replace(cfg, draft_quant="int8")
     options = cfg.method_options()
     models = load_models(cfg, options)

@@ -91,3 +91,31 @@ def test_corpus_grouping(tmp_path):
     assert [r.prompt for r in warm] == ["0", "1", "2", "3"] and [r.prompt for r in held] == ["4", "5"]
     warm, held = split_corpus({"small": groups["small"]}, limit=0, prompts=1)
     assert warm == [] and held == groups["small"]
+
+
+def test_recalibrate_from_a_matrix_with_skip_and_a_deeper_draft(tmp_path, tiny_model_dir):
+    """``--matrix`` of an earlier run + ``--skip <its limit> --limit 0`` decodes exactly the
+    records that run held out and teaches the matrix nothing; ``--draft-depth`` is recorded, and
+    a run must use the same depth to read the file."""
+    from specgraft.methods import GraftOptions
+    from specgraft.methods.graft import check_calibration_draft
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"turns": [p], "response": r} for p, r in corpus_records(5, seed=3)])
+    common = ["--model", tiny_model_dir, "--draft-model", tiny_model_dir, "--corpus", corpus, "--max-new-tokens", "6",
+              "--dtype", "float32", "--threads", "1", "--method", "graft-prune"]
+    first = tmp_path / "first.json"
+    result = CliRunner().invoke(app(), ["calibrate", *common, "--limit", "2", "--prompts", "2", "--out", str(first)])
+    assert result.exit_code == 0, result.output
+    again = tmp_path / "again.json"
+    args = ["calibrate", *common, "--matrix", str(first.with_suffix(".npz")), "--skip", "2", "--limit", "0", "--prompts", "2",
+            "--draft-depth", "5", "--out", str(again)]
+    result = CliRunner().invoke(app(), args)
+    assert result.exit_code == 0, result.output
+    cal, before = load_calibration(again, vocab_size=96), load_calibration(first, vocab_size=96)
+    assert cal.meta["warm_records"] == 0 and cal.meta["skip"] == 2 and cal.meta["prompts"] == 2
+    assert cal.draft["depth"] == 5 and before.draft["depth"] == PRESETS["cpu"].depth
+    check_calibration_draft(GraftOptions(calibration=str(again), depth=5), cal)
+    with pytest.raises(ValueError, match="depth 5"):
+        check_calibration_draft(GraftOptions(calibration=str(again)), cal)
+    result = CliRunner().invoke(app(), ["calibrate", *common, "--skip", "-1", "--out", str(again)])
+    assert result.exit_code != 0 and "skip" in str(result.exception)

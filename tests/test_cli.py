@@ -96,8 +96,8 @@ def test_generate_draft_tree(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir
     assert config["generation"]["budget"] == METHODS["draft-tree"].default_budget
     graft = config["options"]["graft"]
     assert (graft["draft_model"], graft["depth"], graft["top_k"], graft["draft_dtype"]) == (tiny_draft_dir, 2, 3, "float32")
-    # --draft-quant auto: the draft in --dtype on CPU, bf16 on a GPU
-    expected_numerics = "float32" if torch.device(config["device"]).type == "cpu" else "bfloat16"
+    # --draft-quant auto: int8 on CPU, bf16 on a GPU
+    expected_numerics = "int8" if torch.device(config["device"]).type == "cpu" else "bfloat16"
     assert config["draft_model"] == {"name_or_path": tiny_draft_dir, "dtype": "float32", "numerics": expected_numerics}
     assert data["stats"]["proposed_by_source"]["draft"] > 0
 

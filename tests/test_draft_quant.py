@@ -14,7 +14,7 @@ from specgraft.methods import METHODS, GraftOptions, MethodOptions
 from specgraft.models.hf import HFTarget
 from specgraft.models.kernels import OneDNNLinear
 from specgraft.models.loading import load_draft_model
-from specgraft.models.quant import draft_numerics, resolve_draft_quant
+from specgraft.models.quant import draft_numerics, int8_available, resolve_draft_quant
 
 from tests.conftest import tiny_llama
 from tests.test_greedy_lossless import hf_greedy
@@ -58,7 +58,7 @@ def test_int8_draft_linears_are_quantized_not_repacked(tiny_model_dir):
 
 
 def test_resolve_draft_quant():
-    assert resolve_draft_quant("auto", "cpu") == "none", "int8 lost 7% MAT on benchmark prompts: opt-in"
+    assert resolve_draft_quant("auto", "cpu") == ("int8" if int8_available() else "none"), "int8 drafts: 1.40x against 1.12x"
     assert resolve_draft_quant("auto", "cuda") == "bf16"
     assert resolve_draft_quant("none", "cpu") == "none"
     with pytest.raises(ValueError, match="int8 runs on CPU only"):
@@ -94,4 +94,7 @@ def test_resume_of_a_run_recorded_before_draft_quant(tmp_path):
     old_run(draft_model="d")
     with pytest.raises(ValueError, match="resolved_draft_quant: 'none' before, 'int8' now"):
         _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", draft_model="d", draft_quant="int8"))
-    _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", draft_model="d"))
+    _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", draft_model="d", draft_quant="none"))
+    if int8_available():  # auto is int8 on CPU since then: an old fp32-draft run is not resumed by it
+        with pytest.raises(ValueError, match="'none' before, 'int8' now"):
+            _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", draft_model="d"))

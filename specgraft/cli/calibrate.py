@@ -40,6 +40,11 @@ def calibrate(
     out_path: str = typer.Option(..., "--out", help="Calibration JSON to write (the matrix goes beside it as .npz)."),
     limit: int = typer.Option(200, help="Records per corpus (per task with --by-task) teacher-forced into the successor matrix (0 = none)."),
     prompts: int = typer.Option(8, help="Further records per corpus (per task with --by-task) decoded to calibrate the thresholds."),
+    skip: int = typer.Option(
+        0, "--skip",
+        help="Leave out the first N records per corpus (per task) before --limit and --prompts: recalibrating from an earlier "
+        "run's --matrix with --skip <its limit> --limit 0 decodes the records it held out, without teaching the matrix twice.",
+    ),
     by_task: bool = typer.Option(
         False, "--by-task",
         help="Group records by task (--task-field, else the corpus file name), hold --prompts out of each, and also fit "
@@ -57,6 +62,10 @@ def calibrate(
     budget: Optional[int] = typer.Option(
         None, help="Verification budget (default: the preset's, the one generate and bench use without --budget: cpu 8, gpu 60)."
     ),
+    draft_depth: Optional[int] = typer.Option(
+        None, "--draft-depth", help="Override the preset's draft depth (generate and bench then need the same --draft-depth)."
+    ),
+    draft_top_k: Optional[int] = typer.Option(None, "--draft-top-k", help="Override the preset's top-k (likewise)."),
     tie_se: float = typer.Option(
         1.0, help="Threshold vectors within this many standard errors of the best predicted tokens/s count as ties; "
         "the least pruning one wins (0 = plain argmax)."
@@ -89,13 +98,16 @@ def calibrate(
         if v not in CALIBRATED_VARIANTS:
             raise ValueError(f"calibration is for {' or '.join(CALIBRATED_VARIANTS)}, not {v!r}")
     p = get_preset(preset)
+    GraftOptions(depth=draft_depth, top_k=draft_top_k)  # ValueError for a depth or top-k < 1
+    depth, top_k = draft_depth or p.depth, draft_top_k or p.top_k
+    checkpoints = p.checkpoints  # as a run with these overrides drafts (methods.graft.run_draft_settings)
     if budget is None:
         # what generate and bench verify without --budget (SpecDecoder: the preset's budget)
         budget = preset_budget(GraftOptions(preset=preset))
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
-    if limit < 0 or prompts < 1 or max_new_tokens < 1:
-        raise ValueError("limit must be >= 0, prompts and max_new_tokens >= 1")
+    if limit < 0 or skip < 0 or prompts < 1 or max_new_tokens < 1:
+        raise ValueError("limit and skip must be >= 0, prompts and max_new_tokens >= 1")
     if not tie_se >= 0:
         raise ValueError(f"tie-se must be >= 0, got {tie_se}")
     device = resolve_device(device)
@@ -114,7 +126,7 @@ def calibrate(
                 dropped += 1
                 continue
             groups.setdefault(rec.task if by_task else path, []).append(rec)
-    warm_recs, held_out = split_corpus(groups, limit, prompts)
+    warm_recs, held_out = split_corpus({name: recs[skip:] for name, recs in groups.items()}, limit, prompts)
     warm = [(r.prompt, r.response) for r in warm_recs]
     start = None
     if matrix is not None:
@@ -138,7 +150,7 @@ def calibrate(
     tasks = list(groups) if by_task else []
     err.print(
         f"calibrate {', '.join(variants)}: target {model} ({dtype}), draft {draft_model} ({draft_dtype}, {draft_quant}), preset {preset} "
-        f"(depth {p.depth}, top-k {p.top_k}, checkpoints {p.checkpoints}), budget {budget}, "
+        f"(depth {depth}, top-k {top_k}, checkpoints {checkpoints}), budget {budget}, "
         f"{len(warm)} warm-up records, {len(prompt_ids)} prompts x {max_new_tokens} tokens"
         + (f" over tasks {', '.join(tasks)}" if by_task else "")
         + f", {dropped} corpus records dropped as benchmark prompts, threads {torch.get_num_threads()}, {device}"
@@ -146,13 +158,13 @@ def calibrate(
     t0 = time.perf_counter()
     cal = run_calibration(
         dec.target, draft, dec.tokenizer, warm, prompt_ids,
-        depth=p.depth, top_k=p.top_k, checkpoints=p.checkpoints, budget=budget,
+        depth=depth, top_k=top_k, checkpoints=checkpoints, budget=budget,
         max_new_tokens=max_new_tokens, k=k, chat=chat, progress=True, matrix=start,
         variants=variants, prompt_tasks=[r.task for r in decoded] if by_task else None, tie_se=tie_se,
         meta={"methods": variants, "model": model, "draft_model": draft_model, "dtype": dtype, "draft_dtype": draft_dtype, "draft_quant": draft_quant,
               "preset": preset, "corpus": list(corpus), "warm_records": len(warm), "prompts": len(prompt_ids),
               "by_task": by_task, "task_field": task_field if by_task else None, "tasks": tasks,
-              "dropped_benchmark_prompts": dropped, "exclude": list(exclude), "start_matrix": matrix,
+              "dropped_benchmark_prompts": dropped, "skip": skip, "exclude": list(exclude), "start_matrix": matrix,
               "max_new_tokens": max_new_tokens, "threads": torch.get_num_threads(), "device": str(device)},
     )
     cal.draft["preset"] = preset

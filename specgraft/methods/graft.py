@@ -56,7 +56,7 @@ class GraftOptions:
     draft_quant: str = "auto"
     """Numerics of the draft model only (the target is never changed, so outputs are too):
     ``int8`` (dynamic quantization of its linears, CPU), ``bf16``, ``fp16``, ``none`` (``draft_dtype``),
-    or ``auto``: none on CPU, bf16 on a GPU (``models/quant.py``; measured in the README)."""
+    or ``auto``: int8 on CPU, bf16 on a GPU (``models/quant.py``; measured in the README)."""
     preset: str = "cpu"
     """``cpu`` (depth 4, top-k 2, checkpoints 0/1/2, budget 8) or ``gpu`` (the paper: depth 8,
     top-k 10, checkpoints 0/1/5, budget 60); see ``PRESETS`` in ``drafters/draft_model.py``. A
