@@ -185,9 +185,9 @@ def row_cost_value(value: Optional[str], model: str, device: str, threads: Optio
     import torch
 
     from specgraft.batch.profile import resolve_row_cost
+    from specgraft.models.hf import resolve_device
 
-    where = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    cost, source = resolve_row_cost(value, model, where, threads or torch.get_num_threads())
+    cost, source = resolve_row_cost(value, model, str(resolve_device(device)), threads or torch.get_num_threads())
     if value == "auto":
         err.print(f"--row-cost {source}" + (f": {cost}" if cost is not None else "; pruning at min_prob"))
     return cost
