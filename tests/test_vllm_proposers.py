@@ -17,7 +17,15 @@ from specgraft.config import GenerationConfig
 from specgraft.drafters.adapld import AdaPLDConfig, AdaPLDDrafter
 from specgraft.drafters.pld import PLDDrafter
 from specgraft.integrations import vllm as integ
-from specgraft.integrations.vllm import AdaPLDProposer, PLDProposer, ReaderProposer, best_chain, speculative_config
+from specgraft.integrations.vllm import (
+    CPU_DEFAULT,
+    AdaPLDProposer,
+    ChainCost,
+    PLDProposer,
+    ReaderProposer,
+    best_chain,
+    speculative_config,
+)
 from specgraft.types import DraftTree, PrefillOutput, StepResult, VerifyResult
 
 from tests.test_reader import IntTokenizer
@@ -26,11 +34,18 @@ K = 5
 MAX_LEN = 256
 
 
-def vllm_config(k=K, max_model_len=MAX_LEN):
+def vllm_config(k=K, max_model_len=MAX_LEN, device_type="cuda"):
+    """The parts of vLLM's config a proposer reads (``cuda``: no chain cost unless the environment says)."""
     return SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=k, method="custom_class", model="x.Y"),
         model_config=SimpleNamespace(max_model_len=max_model_len, tokenizer="unused"),
+        device_config=SimpleNamespace(device_type=device_type),
     )
+
+
+@pytest.fixture(autouse=True)
+def _no_chain_cost_override(monkeypatch):
+    monkeypatch.delenv(integ.CHAIN_COST_ENV, raising=False)
 
 
 class Batch:
@@ -138,6 +153,53 @@ def test_best_chain_maximises_expected_accepted_tokens():
     # the branch under the weaker first token runs deeper
     assert best_chain([-1, -1, 1, 2], [0.6, 0.5, 0.45, 0.4]) == [1, 2, 3]
     assert best_chain([-1, -1, 1, 2], [0.6, 0.5, 0.45, 0.4], max_len=1) == [0]
+
+
+def test_best_chain_stops_where_one_more_token_costs_more_than_it_is_expected_to_bring():
+    parents, scores = [-1, 0, 1, 2, -1], [0.9, 0.5, 0.2, 0.1, 0.3]
+    assert best_chain(parents, scores) == [0, 1, 2, 3]
+    assert best_chain(parents, scores, token_cost=0.15) == [0, 1, 2]
+    assert best_chain(parents, scores, token_cost=0.3) == [0, 1]
+    assert best_chain(parents, scores, token_cost=0.95) == [0]  # the caller decides whether it pays
+    # a deeper branch wins only while its extra tokens pay for themselves
+    parents, scores = [-1, -1, 1, 2], [0.6, 0.5, 0.2, 0.2]
+    assert best_chain(parents, scores) == [1, 2, 3]
+    assert best_chain(parents, scores, token_cost=0.25) == [0]
+
+
+def test_chain_cost_gates_whole_chains_and_follows_the_device_and_environment(monkeypatch):
+    cost = ChainCost(0.25, 0.065)
+    assert not cost.pays([]) and not cost.pays([0.3]) and cost.pays([0.8, 0.64])
+    assert ChainCost().pays([0.01]) and not ChainCost().pays([])
+    with pytest.raises(ValueError, match=">= 0"):
+        ChainCost(-0.1, 0.0)
+    with pytest.raises(ValueError, match="STEP,TOKEN"):
+        ChainCost.parse("0.25")
+    assert ChainCost.for_device("cpu") == CPU_DEFAULT and ChainCost.for_device("cuda") == ChainCost()
+    monkeypatch.setenv(integ.CHAIN_COST_ENV, "0.1,0.02")
+    assert ChainCost.for_device("cuda") == ChainCost(0.1, 0.02) == PLDProposer(vllm_config(), check_vllm=False).cost
+    monkeypatch.setenv(integ.CHAIN_COST_ENV, "0,0")
+    assert PLDProposer(vllm_config(device_type="cpu"), check_vllm=False).cost == ChainCost()
+
+
+def test_on_cpu_weak_matches_are_not_proposed_and_strong_copies_still_are():
+    free = PLDProposer(vllm_config(), check_vllm=False)
+    costed = PLDProposer(vllm_config(device_type="cpu"), check_vllm=False)
+    assert costed.cost == CPU_DEFAULT and costed.drafter.config.min_prob == CPU_DEFAULT.token
+    # one earlier "7": a unigram match, estimated at 0.25 acceptance, is worth less than a draft step
+    rows = np.zeros((1, 32), np.int32)
+    rows[0, :6] = [3, 7, 4, 5, 6, 7]
+    assert free.propose([[7]], np.array([6]), rows) == [[4]]
+    assert costed.propose([[7]], np.array([6]), rows) == [[]]
+    # a repeated passage is still drafted and accepted
+    prompt, truth = copy_task(0)
+    batch = Batch(costed)
+    batch.add("a", prompt, truth)
+    chains = []
+    while not batch.finished("a"):
+        chains.append(batch.step()[0])
+    assert batch.accepted["a"] > 10 and max(map(len, chains)) == K
+    assert sum(not c for c in chains) > 0, "steps where nothing pays propose nothing"
 
 
 def reference_pld(prompt, truth, k):

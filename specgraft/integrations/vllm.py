@@ -33,8 +33,9 @@ the datastores); nothing one request learns reaches another.
 **Proposers** (each reuses the specgraft drafter named, no copy of its logic):
 
 - :class:`PLDProposer`: ``drafters/pld.py``'s tree; the chain with the largest expected number
-  of accepted tokens (sum of its nodes' estimated acceptance), cut at ``num_speculative_tokens``;
-  nodes below ``min_prob`` are never proposed, so a weak match costs vLLM no verify row.
+  of accepted tokens net of what verifying it costs vLLM (:class:`ChainCost`: a fixed cost for
+  a step that verifies any draft, plus one per draft token), cut at ``num_speculative_tokens``;
+  no draft when no chain pays for its verification, so a weak match costs vLLM nothing.
 - :class:`ReaderProposer`: READER's retrieval path (``drafters/reader_retrieval.py``): a
   ``TokenTrie`` per request over its own tokens, plus the long-term suffix-array datastores named
   in the environment variable ``SPECGRAFT_VLLM_DATASTORE`` (directories separated by ``:`` or
@@ -42,7 +43,7 @@ the datastores); nothing one request learns reaches another.
   READER's draft-model tree is not part of it (vLLM runs one proposer).
 - :class:`AdaPLDProposer`: AdaPLD's lexical part (``drafters/adapld.py`` with
   ``AdaPLDConfig.lexical_only``): the most recent earlier occurrence of the last token, its main
-  copy with learned copy rates.
+  copy with learned copy rates, under the same :class:`ChainCost`.
 
 **What cannot run through this interface** (``UNSUPPORTED``): methods that need the target's
 logits or hidden states, which ``propose`` does not receive.
@@ -58,10 +59,12 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 __all__ = [
+    "CHAIN_COST_ENV",
     "DATASTORE_ENV",
     "PROPOSERS",
     "UNSUPPORTED",
     "AdaPLDProposer",
+    "ChainCost",
     "PLDProposer",
     "ReaderProposer",
     "best_chain",
@@ -75,6 +78,8 @@ logger = logging.getLogger(__name__)
 SUPPORTED_VLLM = ("0.32",)
 #: Datastore directories of :class:`ReaderProposer`, separated by ``:`` or ``,`` (empty: trie only).
 DATASTORE_ENV = "SPECGRAFT_VLLM_DATASTORE"
+#: :class:`ChainCost` override, ``STEP,TOKEN`` (e.g. ``0.25,0.065``; ``0,0``: ``min_prob`` alone).
+CHAIN_COST_ENV = "SPECGRAFT_VLLM_CHAIN_COST"
 
 PROPOSERS: dict[str, str] = {
     "pld": f"{__name__}.PLDProposer",
@@ -121,10 +126,14 @@ def speculative_config(method: str, num_speculative_tokens: int = 5) -> dict[str
     return {"method": "custom_class", "model": PROPOSERS[method], "num_speculative_tokens": int(num_speculative_tokens)}
 
 
-def best_chain(parents: Sequence[int], scores: Sequence[float], max_len: int | None = None) -> list[int]:
-    """The root-to-node path of at most ``max_len`` nodes with the largest sum of scores (a node's
-    score is its estimated acceptance, so the sum is the path's expected number of accepted
-    tokens); node indices. Ties: the earlier node.
+def best_chain(
+    parents: Sequence[int], scores: Sequence[float], max_len: int | None = None, token_cost: float = 0.0
+) -> list[int]:
+    """The root-to-node path of at most ``max_len`` nodes with the largest sum of
+    ``score - token_cost`` (a node's score is its estimated acceptance, so the sum of scores is
+    the path's expected number of accepted tokens, and ``token_cost`` what verifying one more
+    draft token costs, in the same unit); node indices. The path stops where going deeper no
+    longer pays (with ``token_cost = 0``, at a leaf or at ``max_len``). Ties: the earlier node.
 
     A greedy walk takes the likelier first token; this takes the longer expected run, when it fits:
 
@@ -132,13 +141,16 @@ def best_chain(parents: Sequence[int], scores: Sequence[float], max_len: int | N
     [1, 2, 3]
     >>> best_chain([-1, -1, 1, 2], [0.6, 0.5, 0.45, 0.4], max_len=1)
     [0]
+    >>> best_chain([-1, -1, 1, 2], [0.6, 0.5, 0.45, 0.4], token_cost=0.42)  # the deep branch no longer pays
+    [0]
     """
     n = len(parents)
     depth_cap = n if max_len is None else min(max_len, n)
     children: list[list[int]] = [[] for _ in range(n + 1)]
     for i, p in enumerate(parents):
         children[p + 1].append(i)
-    # value[d][i]: best sum of a path of at most d nodes starting at node i (d = 0: nothing)
+    # value[d][i]: best sum of a path of at most d nodes starting at node i (d = 0: nothing);
+    # choice[d][i]: the child that path continues with (-1: it stops at i)
     value = [[0.0] * n]
     choice = [[-1] * n]
     for d in range(1, depth_cap + 1):
@@ -146,9 +158,9 @@ def best_chain(parents: Sequence[int], scores: Sequence[float], max_len: int | N
         for i in range(n):
             best, arg = 0.0, -1
             for c in children[i + 1]:
-                if arg < 0 or value[d - 1][c] > best:
+                if value[d - 1][c] > best:
                     best, arg = value[d - 1][c], c
-            row[i], pick[i] = scores[i] + best, arg
+            row[i], pick[i] = scores[i] - token_cost + best, arg
         value.append(row)
         choice.append(pick)
     chain: list[int] = []
@@ -161,6 +173,60 @@ def best_chain(parents: Sequence[int], scores: Sequence[float], max_len: int | N
         chain.append(node)
         node, d = choice[d][node], d - 1
     return chain
+
+
+@dataclass(frozen=True)
+class ChainCost:
+    """What vLLM pays to verify a draft chain, in plain decoding steps: ``step`` once for a step
+    that verifies any draft (vLLM's speculative path: rejection sampler, draft bookkeeping) and
+    ``token`` per draft token. A chain is proposed only when its expected number of accepted
+    tokens exceeds ``step + token * len(chain)``; tokens are added while one more is expected to
+    be accepted with probability above ``token``.
+
+    Fitted to vLLM 0.32 on this CPU (``benchmarks/replay_vllm_proposers.py``: least squares over
+    every speculative row of the vLLM benchmark runs, time = (steps + step * drafts + token *
+    draft tokens) x the prompt's plain time per token): Qwen2.5-Coder-1.5B 0.245 / 0.061,
+    0.5B 0.283 / 0.070, SmolLM2-135M 0.104 / 0.120. ``CPU_DEFAULT`` is the Qwen fit. Not
+    measured on a GPU, where verifying a few more tokens is nearly free: there the default is
+    ``ChainCost(0, 0)`` (``min_prob`` alone decides). Override with ``$SPECGRAFT_VLLM_CHAIN_COST``
+    (``STEP,TOKEN``).
+
+    >>> ChainCost(0.25, 0.065).pays([0.3])   # 0.3 expected accepted < 0.25 + 0.065
+    False
+    >>> ChainCost(0.25, 0.065).pays([0.8, 0.64])
+    True
+    """
+
+    step: float = 0.0
+    token: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.step >= 0.0 and self.token >= 0.0):
+            raise ValueError(f"chain costs must be >= 0, got step={self.step}, token={self.token}")
+
+    def pays(self, scores: Sequence[float]) -> bool:
+        """Whether a chain whose nodes have these estimated acceptances is worth verifying."""
+        return bool(scores) and sum(scores) - self.token * len(scores) > self.step
+
+    @classmethod
+    def parse(cls, text: str) -> "ChainCost":
+        """``"0.25,0.065"`` -> ``ChainCost(0.25, 0.065)``; a one-line ``ValueError`` otherwise."""
+        try:
+            step, token = (float(v) for v in text.split(","))
+        except ValueError:
+            raise ValueError(f"${CHAIN_COST_ENV} must be STEP,TOKEN (two numbers), got {text!r}") from None
+        return cls(step, token)
+
+    @classmethod
+    def for_device(cls, device_type: str | None) -> "ChainCost":
+        """``$SPECGRAFT_VLLM_CHAIN_COST`` if set, else the measured CPU default on ``cpu``, else none."""
+        env = os.environ.get(CHAIN_COST_ENV, "").strip()
+        if env:
+            return cls.parse(env)
+        return CPU_DEFAULT if device_type == "cpu" else cls()
+
+
+CPU_DEFAULT = ChainCost(0.25, 0.065)
 
 
 @dataclass
@@ -200,13 +266,19 @@ class SpecgraftProposer:
     """A specgraft drafter behind vLLM's ``custom_class`` interface; subclasses say which drafter.
 
     ``check_vllm=False`` skips the vLLM version check (tests, which feed ``propose`` themselves).
+    ``cost``: what a draft chain costs vLLM (:class:`ChainCost`; default
+    :meth:`ChainCost.for_device` of the served device), used by proposers whose drafts carry
+    estimated acceptances.
     """
 
     name: ClassVar[str] = ""
 
-    def __init__(self, vllm_config: Any, *, check_vllm: bool = True):
+    def __init__(self, vllm_config: Any, *, check_vllm: bool = True, cost: ChainCost | None = None):
         if check_vllm:
             require_vllm()
+        if cost is None:
+            cost = ChainCost.for_device(getattr(getattr(vllm_config, "device_config", None), "device_type", None))
+        self.cost = cost
         spec = vllm_config.speculative_config
         self.num_speculative_tokens = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -314,12 +386,17 @@ class PLDProposer(SpecgraftProposer):
 
     name: ClassVar[str] = "pld"
 
-    def __init__(self, vllm_config: Any, *, check_vllm: bool = True, config: Any = None):
-        super().__init__(vllm_config, check_vllm=check_vllm)
+    def __init__(self, vllm_config: Any, *, check_vllm: bool = True, config: Any = None, cost: ChainCost | None = None):
+        super().__init__(vllm_config, check_vllm=check_vllm, cost=cost)
         from specgraft.drafters.pld import PLDConfig, PLDDrafter
 
-        self.drafter = PLDDrafter(config if config is not None else PLDConfig())
-        logger.info("specgraft PLD proposer: %s, num_speculative_tokens=%d", self.drafter.config, self.num_speculative_tokens)
+        if config is None:
+            # a node is worth a verify token when its estimated acceptance exceeds the token's cost
+            config = PLDConfig(min_prob=self.cost.token) if self.cost.token > 0 else PLDConfig()
+        self.drafter = PLDDrafter(config)
+        logger.info(
+            "specgraft PLD proposer: %s, %s, num_speculative_tokens=%d", self.drafter.config, self.cost, self.num_speculative_tokens
+        )
 
     def begin(self, tokens: np.ndarray) -> Any:
         from specgraft.config import GenerationConfig
@@ -331,7 +408,7 @@ class PLDProposer(SpecgraftProposer):
         cfg = self.drafter.config
         # every node worth proposing (p >= min_prob): the chain is chosen from the whole tree
         tree = self.drafter.propose(state, tokens, budget=cfg.max_matches * cfg.max_copy)
-        return [tree.tokens[i] for i in best_chain(tree.parents, tree.scores or [1.0] * len(tree), k)]
+        return _costed_chain(tree, k, self.cost)
 
     def observe(self, state: Any, tokens: np.ndarray, sampled: Sequence[int]) -> None:
         self.drafter.observe(state, _step(tokens, sampled))
@@ -386,8 +463,8 @@ class AdaPLDProposer(SpecgraftProposer):
 
     name: ClassVar[str] = "adapld"
 
-    def __init__(self, vllm_config: Any, *, check_vllm: bool = True):
-        super().__init__(vllm_config, check_vllm=check_vllm)
+    def __init__(self, vllm_config: Any, *, check_vllm: bool = True, cost: ChainCost | None = None):
+        super().__init__(vllm_config, check_vllm=check_vllm, cost=cost)
         from specgraft.drafters.adapld import AdaPLDConfig, AdaPLDDrafter
 
         config = AdaPLDConfig(fallback=False, rerank=False, branches=False, successors=False)
@@ -402,10 +479,18 @@ class AdaPLDProposer(SpecgraftProposer):
 
     def draft(self, state: Any, tokens: np.ndarray, k: int) -> list[int]:
         tree = self.drafter.propose(state, tokens, budget=self.drafter.config.max_copy)
-        return [tree.tokens[i] for i in best_chain(tree.parents, tree.scores or [1.0] * len(tree), k)]
+        return _costed_chain(tree, k, self.cost)
 
     def observe(self, state: Any, tokens: np.ndarray, sampled: Sequence[int]) -> None:
         self.drafter.observe(state, _step(tokens, sampled))
+
+
+def _costed_chain(tree: Any, k: int, cost: ChainCost) -> list[int]:
+    """The tokens of ``tree``'s best chain of at most ``k`` nodes under ``cost`` (``[]`` when no
+    chain is expected to pay for its verification)."""
+    scores = tree.scores or [1.0] * len(tree)
+    chain = best_chain(tree.parents, scores, k, token_cost=cost.token)
+    return [tree.tokens[i] for i in chain] if cost.pays([scores[i] for i in chain]) else []
 
 
 def datastore_paths() -> list[str]:

@@ -99,3 +99,25 @@ def test_outputs_equal_vllm_plain_and_drafts_are_accepted(method, inputs, plain,
     assert batch == plain, f"{method}: batched outputs differ from vLLM plain greedy"
     assert counters["drafts"] > 0 and counters["accepted_tokens"] > 0, f"{method}: no draft accepted ({counters})"
     print(f"{method}: {counters}")
+
+
+def test_replay_ngram_is_vllms_ngram():
+    """``benchmarks/replay_vllm_proposers.py`` re-implements vLLM's ngram proposal to replay it
+    offline; it must propose what vLLM's own (numba) function proposes."""
+    import importlib.util
+    import sys
+
+    import numpy as np
+    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "replay_vllm_proposers.py"
+    spec = importlib.util.spec_from_file_location("replay_vllm_proposers", path)
+    replay = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = replay  # its dataclasses look their module up
+    spec.loader.exec_module(replay)
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        tokens = rng.integers(0, 2 + trial % 6, int(rng.integers(1, 40))).astype(np.int32)
+        ours = replay.ngram_chain(tokens, 5, 2, 4)
+        theirs = _find_longest_matched_ngram_and_propose_tokens(tokens, 2, 4, 4096, 5).tolist()
+        assert ours == theirs, (tokens.tolist(), ours, theirs)
