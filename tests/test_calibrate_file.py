@@ -75,3 +75,17 @@ def test_uncalibrated_gated_variants_warn_once_in_one_line(capsys, calibration, 
     for options in (GraftOptions(calibration=calibration), GraftOptions(thresholds=(0.3, 0.2, 0.1))):
         build_graft_method("graft", Vocab(96), options, draft_model=draft)
         assert capsys.readouterr().err == ""
+
+
+def test_a_calibration_fitted_with_other_draft_numerics_warns_in_one_line(capsys, tmp_path, draft):
+    cal = make_calibration()
+    int8 = str(save_calibration(dataclasses.replace(cal, meta={**cal.meta, "draft_quant": "int8"}), tmp_path / "int8.json"))
+    build_graft_method("graft-prune", Vocab(96), GraftOptions(calibration=int8), draft_model=draft)  # the tiny draft is float32
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fitted with an int8 draft, this run drafts in float32" in err
+    assert "--draft-quant none" in err
+    # the matrix-only variants read no thresholds; a file that matches says nothing
+    build_graft_method("graft-fixed", Vocab(96), GraftOptions(calibration=int8), draft_model=draft)
+    fp32 = str(save_calibration(dataclasses.replace(cal, meta={**cal.meta, "draft_quant": "none"}), tmp_path / "fp32.json"))
+    build_graft_method("graft", Vocab(96), GraftOptions(calibration=fp32), draft_model=draft)
+    assert capsys.readouterr().err == ""

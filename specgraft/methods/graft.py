@@ -203,6 +203,38 @@ def check_calibration_budget(variant: str, options: GraftOptions, budget: int) -
         check_calibration_draft(options, load_calibration(options.calibration), budget)
 
 
+#: A calibration's recorded ``draft_quant`` -> what its draft computed in (``none``: the draft's
+#: dtype, float32 wherever calibrations have been made so far: CPUs without native bf16)
+_QUANT_NUMERICS = {"int8": "int8", "bf16": "bfloat16", "fp16": "float16", "none": "float32"}
+
+
+def calibration_numerics_warning(calibration: Calibration, numerics: str, path: str | None = None) -> str | None:
+    """A one-line warning when ``calibration`` was measured with a draft in other numerics than
+    ``numerics`` (:func:`~specgraft.models.quant.draft_numerics` of this run's draft), else None.
+
+    A warning, not an error: outputs stay the target's whatever the thresholds, but they were fitted
+    to that draft's confidences and its cost per forward, both of which change with its numerics
+    (an int8 draft is ~2.4x cheaper than fp32 on this CPU). Files from before ``--draft-quant``
+    record none and were made with a float32 draft.
+
+    >>> from types import SimpleNamespace
+    >>> cal = SimpleNamespace(meta={"draft_quant": "int8"})  # a Calibration's meta, as calibrate writes it
+    >>> calibration_numerics_warning(cal, "int8") is None
+    True
+    >>> print(calibration_numerics_warning(cal, "float32", "c.json"))
+    warning: calibration 'c.json' was fitted with an int8 draft, this run drafts in float32: its thresholds may not fit; calibrate with --draft-quant none
+    """
+    made = calibration.meta.get("draft_quant") or "none"
+    made_numerics = _QUANT_NUMERICS.get(made, made)
+    if made_numerics == numerics:
+        return None
+    flag = {v: k for k, v in _QUANT_NUMERICS.items()}.get(numerics, numerics)
+    return (
+        f"warning: calibration {path or ''!r} was fitted with an {made_numerics} draft, this run drafts in {numerics}: "
+        f"its thresholds may not fit; calibrate with --draft-quant {flag}"
+    )
+
+
 def gate_thresholds(variant: str, options: GraftOptions, calibration: Calibration | None) -> tuple[float, ...]:
     """``tau_d`` of a gated variant: ``options.thresholds``, else the calibration's (checked
     against this run's draft settings), else the preset's uncalibrated defaults, with a one-line
@@ -262,6 +294,14 @@ def build_graft_method(
     calibration = None
     if options.calibration and reads_calibration(variant):
         calibration = load_calibration(options.calibration, vocab_size=vocab)
+        if uses_calibrated_thresholds(variant, options):
+            import sys
+
+            from specgraft.models.quant import draft_numerics
+
+            warning = calibration_numerics_warning(calibration, draft_numerics(draft_model), options.calibration)
+            if warning:
+                print(warning, file=sys.stderr)
     k = calibration.matrix.k if calibration is not None else GraftConfig().k
     config = GraftConfig(variant=variant, k=k)
     checkpoints = preset.checkpoints[: len(config.draft_shares)]
