@@ -12,7 +12,9 @@ the longest trailing n-gram in ``[min, max]``, its earliest occurrence) and for 
 replayed counts against the drafts, draft tokens and accepted tokens vLLM's own counters
 recorded in that run.
 
-Time is then predicted with a cost model fitted to the same run's measured rows:
+Time is then predicted with the step costs ``benchmarks/vllm_step_cost.py`` measured
+(``--step-costs``: a step's time per draft length, relative to a step without a draft), or
+else with a cost model fitted to the same run's measured rows:
 ``time = (steps + a * drafts + b * draft_tokens) * s_p``, where ``s_p`` is the prompt's measured
 time per token under plain vLLM (its context length and prefill folded in), ``a`` what a step
 that verifies a draft costs more than a plain one and ``b`` the cost of one draft token, both
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable, Sequence
@@ -49,6 +51,12 @@ class Replay:
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    lengths: list[int] = field(default_factory=list)
+    """Draft length of every step."""
+
+    def cost(self, relative: Sequence[float]) -> float:
+        """Steps weighted by ``relative[L]`` (a step's time with an L-token draft over one without)."""
+        return 1.0 + sum(relative[min(L, len(relative) - 1)] for L in self.lengths)  # 1: the prefill's token
 
 
 def ngram_chain(context: np.ndarray, k: int, min_n: int = 2, max_n: int = 4) -> list[int]:
@@ -86,6 +94,7 @@ def replay(prompt: Sequence[int], output: Sequence[int], propose: Callable[[list
         out.steps += 1
         out.drafts += bool(draft)
         out.draft_tokens += len(draft)
+        out.lengths.append(len(draft))
         out.accepted_tokens += acc
         sampled = [int(t) for t in output[done : done + acc + 1]]
         done += acc + 1
@@ -162,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("run", type=Path, help="a specgraft bench output directory with a vllm/ folder")
     ap.add_argument("--pld", action="append", default=[], help="PLDConfig overrides, e.g. min_prob=0.05 (repeatable; '' = defaults)")
     ap.add_argument("-k", type=int, default=5, help="num_speculative_tokens (the run's)")
+    ap.add_argument("--step-costs", type=Path, default=None,
+                    help="benchmarks/vllm_step_cost.py's JSON: predict with its measured step time per draft length instead of the fit")
     args = ap.parse_args(argv)
     specs = args.pld or [""]
 
@@ -169,14 +180,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     reference = rows["vllm"]
     plain = {key: r["time_s"] / len(r["tokens"]) for key, r in reference.items()}
     a, b = fit_costs(rows, plain)
-    print(f"cost model: time = (steps + {a:.3f} * drafts + {b:.3f} * draft_tokens) * plain time per token of the prompt")
+    relative = None
+    if args.step_costs is not None:
+        by_len = json.loads(args.step_costs.read_text())["relative_to_plain"]
+        relative = [by_len[str(L)] / by_len["0"] for L in range(len(by_len))]
+        print("cost model: time = sum over steps of c(L) * plain time per token of the prompt, c = "
+              + " ".join(f"{c:.3f}" for c in relative) + f" ({args.step_costs})")
+    else:
+        print(f"cost model: time = (steps + {a:.3f} * drafts + {b:.3f} * draft_tokens) * plain time per token of the prompt")
 
     totals: dict[str, list[float]] = {}
     for key, ids in inputs.items():
         output = reference[key]["tokens"]
         results = run_proposers(ids, output, specs, args.k)
         for name, rep in results.items():
-            predicted = (rep.steps + 1 + a * rep.drafts + b * rep.draft_tokens) * plain[key]
+            units = rep.cost(relative) if relative else rep.steps + 1 + a * rep.drafts + b * rep.draft_tokens
+            predicted = units * plain[key]
             t = totals.setdefault(name, [0.0, 0.0, 0, 0, 0, 0.0, 0])
             t[0] += predicted
             t[6] += rep.drafts

@@ -182,14 +182,16 @@ def test_chain_cost_gates_whole_chains_and_follows_the_device_and_environment(mo
     assert PLDProposer(vllm_config(device_type="cpu"), check_vllm=False).cost == ChainCost()
 
 
-def test_on_cpu_weak_matches_are_not_proposed_and_strong_copies_still_are():
+def test_a_costly_draft_step_drops_weak_matches_and_keeps_strong_copies():
+    on_cpu = PLDProposer(vllm_config(device_type="cpu"), check_vllm=False)
+    assert on_cpu.cost == CPU_DEFAULT == ChainCost(0.0, 0.1) and on_cpu.drafter.config.min_prob == CPU_DEFAULT.token
     free = PLDProposer(vllm_config(), check_vllm=False)
-    costed = PLDProposer(vllm_config(device_type="cpu"), check_vllm=False)
-    assert costed.cost == CPU_DEFAULT and costed.drafter.config.min_prob == CPU_DEFAULT.token
+    costed = PLDProposer(vllm_config(), check_vllm=False, cost=ChainCost(0.25, 0.065))
     # one earlier "7": a unigram match, estimated at 0.25 acceptance, is worth less than a draft step
     rows = np.zeros((1, 32), np.int32)
     rows[0, :6] = [3, 7, 4, 5, 6, 7]
     assert free.propose([[7]], np.array([6]), rows) == [[4]]
+    assert on_cpu.propose([[7]], np.array([6]), rows) == [[4]]  # 0.25 > 0.1 per token
     assert costed.propose([[7]], np.array([6]), rows) == [[]]
     # a repeated passage is still drafted and accepted
     prompt, truth = copy_task(0)
@@ -379,3 +381,47 @@ def test_docstring_examples():
 
     result = doctest.testmod(integ)
     assert result.attempted > 0 and result.failed == 0
+
+
+def _replay_module():
+    """``benchmarks/replay_vllm_proposers.py`` (a script, loaded by path)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "replay_vllm_proposers.py"
+    spec = importlib.util.spec_from_file_location("replay_vllm_proposers", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_replay_counts_what_vllm_would_verify():
+    """The offline replay of vLLM's greedy loop (its ngram re-implementation is checked against
+    vLLM's own in ``tests/integrations/test_vllm_e2e.py``)."""
+    replay = _replay_module()
+    prompt, output = [1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 9]
+    # step 1: "5 1" never occurred: no draft, vLLM emits 2; step 2: "1 2" did: 3 4 5 1 2 proposed,
+    # 3 4 5 accepted, then 9 (the output is complete)
+    results = replay.run_proposers(prompt, output, ["cost=0/0"], k=5)
+    assert vars(results["vllm-ngram"]) == {"steps": 2, "drafts": 1, "draft_tokens": 5, "accepted_tokens": 3, "lengths": [0, 5]}
+    assert results["vllm-ngram"].cost([1.0, 1.1, 1.2, 1.3, 1.4, 1.5]) == 1 + 1.0 + 1.5  # prefill token + two steps
+    # the PLD proposer through the same loop proposes what the Batch stand-in sees it propose
+    prompt, truth = copy_task(0)
+    batch = Batch(PLDProposer(vllm_config(), check_vllm=False))
+    batch.add("a", prompt, truth)
+    chains = [batch.step()[0]]  # the prefill's step: the first chain
+    while not batch.finished("a"):
+        chains.append(batch.step()[0])
+    pld = replay.run_proposers(prompt, truth, ["cost=0/0"], k=K)["pld[cost=0/0]"]
+    assert pld.lengths == [len(c) for c in chains[: len(pld.lengths)]]
+    # the stand-in keeps the last token for a bonus; vLLM (and the replay) may accept it as a draft
+    assert pld.accepted_tokens - batch.accepted["a"] in (0, 1) and batch.accepted["a"] > 10
+    assert replay.pld_setting("min_prob=0.05,cost=0.25/0.065") == (integ_pld_config(min_prob=0.05), ChainCost(0.25, 0.065))
+    assert replay.ngram_chain(np.array([1, 2, 3, 4, 9, 2, 3, 4, 7, 3, 4]), 3) == [9, 2, 3]
+
+
+def integ_pld_config(**kwargs):
+    from specgraft.drafters.pld import PLDConfig
+
+    return PLDConfig(**kwargs)

@@ -78,7 +78,7 @@ logger = logging.getLogger(__name__)
 SUPPORTED_VLLM = ("0.32",)
 #: Datastore directories of :class:`ReaderProposer`, separated by ``:`` or ``,`` (empty: trie only).
 DATASTORE_ENV = "SPECGRAFT_VLLM_DATASTORE"
-#: :class:`ChainCost` override, ``STEP,TOKEN`` (e.g. ``0.25,0.065``; ``0,0``: ``min_prob`` alone).
+#: :class:`ChainCost` override, ``STEP,TOKEN`` (e.g. ``0.05,0.12``; ``0,0``: ``min_prob`` alone).
 CHAIN_COST_ENV = "SPECGRAFT_VLLM_CHAIN_COST"
 
 PROPOSERS: dict[str, str] = {
@@ -183,13 +183,18 @@ class ChainCost:
     tokens exceeds ``step + token * len(chain)``; tokens are added while one more is expected to
     be accepted with probability above ``token``.
 
-    Fitted to vLLM 0.32 on this CPU (``benchmarks/replay_vllm_proposers.py``: least squares over
-    every speculative row of the vLLM benchmark runs, time = (steps + step * drafts + token *
-    draft tokens) x the prompt's plain time per token): Qwen2.5-Coder-1.5B 0.245 / 0.061,
-    0.5B 0.283 / 0.070, SmolLM2-135M 0.104 / 0.120. ``CPU_DEFAULT`` is the Qwen fit. Not
-    measured on a GPU, where verifying a few more tokens is nearly free: there the default is
-    ``ChainCost(0, 0)`` (``min_prob`` alone decides). Override with ``$SPECGRAFT_VLLM_CHAIN_COST``
-    (``STEP,TOKEN``).
+    Measured in vLLM 0.32 on this CPU by ``benchmarks/vllm_step_cost.py``: a probe proposer
+    drafts rejected chains of every length 0..5 in a shuffled order within one generation and
+    times each step, so drift cancels. Relative to a step without a draft, a step verifying L
+    draft tokens cost 1.06 / 1.15 / 1.32 / 1.40 / 1.46 (Qwen2.5-Coder-1.5B) and 1.05 / 1.18 /
+    1.38 / 1.43 / 1.53 (0.5B) for L = 1..5: least squares step -0.03 / -0.05, token 0.104 / 0.122.
+    So ``CPU_DEFAULT`` is ``ChainCost(0, 0.1)``: no fixed cost, a tenth of a step per draft token,
+    which makes a chain pay exactly when each of its tokens is estimated above 10% acceptance.
+    (A first estimate, fitted to whole-generation times of the vLLM benchmark rows, put a fixed
+    0.25 on every drafting step; it was confounded with drift and with which proposer drafted
+    what, and the proposer tuned to it drafted too little.) Not measured on a GPU, where a few
+    more verified tokens are nearly free: there the default is ``ChainCost(0, 0)`` (``min_prob``
+    alone decides). Override with ``$SPECGRAFT_VLLM_CHAIN_COST`` (``STEP,TOKEN``).
 
     >>> ChainCost(0.25, 0.065).pays([0.3])   # 0.3 expected accepted < 0.25 + 0.065
     False
@@ -226,7 +231,7 @@ class ChainCost:
         return CPU_DEFAULT if device_type == "cpu" else cls()
 
 
-CPU_DEFAULT = ChainCost(0.25, 0.065)
+CPU_DEFAULT = ChainCost(0.0, 0.1)
 
 
 @dataclass

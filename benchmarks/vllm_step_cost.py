@@ -1,0 +1,138 @@
+"""What one vLLM decode step costs with a draft of L tokens, measured inside one engine (issue 15).
+
+Fitting step costs to whole-generation times confounds them with drift and with which proposer
+drafted what. Here a probe proposer (``StepCostProbe``, loaded by vLLM as a ``custom_class``)
+proposes drafts whose length cycles through 0..k in a shuffled order, made of a token greedy
+decoding never picks (the last id of the model's padded vocabulary), so they are rejected and
+every step emits exactly one token. The probe timestamps each of its ``propose`` calls: the gap
+between two calls is one engine step (schedule, forward over 1 + L rows, sampling and rejection,
+propose), attributed to the L it proposed at the first. Lengths are interleaved within one
+generation, so drift cancels. A plain engine (no speculation) is timed on the same prompt too.
+
+Run in vLLM's venv, ``benchmarks/`` on ``PYTHONPATH`` (vLLM imports the probe by module path)::
+
+    PYTHONPATH=benchmarks:. /work/.venv-vllm/bin/python benchmarks/vllm_step_cost.py \\
+        --model ~/.cache/specgraft/models/qwen2.5-coder-1.5b-instruct --tokens 192 --out benchmarks/results-vllm/step-cost-qwen1.5b.json
+
+Prints the median step time per L and its ratio to a plain engine's step, and the least-squares
+``ChainCost`` over the steps with a draft (``step``: a drafting step's extra cost at 0 tokens,
+``token``: per draft token, both relative to the same engine's step without a draft, L = 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Where the probe (in vLLM's worker process) writes its records.
+RECORDS_ENV = "SPECGRAFT_STEP_COST_RECORDS"
+
+
+class StepCostProbe:
+    """A vLLM ``custom_class`` proposer that drafts rejected tokens of cycling length and times steps."""
+
+    def __init__(self, vllm_config: Any):
+        self.k = int(vllm_config.speculative_config.num_speculative_tokens)
+        self.junk = int(vllm_config.model_config.get_vocab_size()) - 1
+        self.path = os.environ[RECORDS_ENV]
+        self.rng = random.Random(0)
+        self.cycle: list[int] = []
+        self.last: tuple[float, int] | None = None  # (time of the last propose call, L proposed then)
+        self.records: list[tuple[int, float, int]] = []  # (L, step seconds, tokens the step emitted)
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        now = time.perf_counter()
+        if self.last is not None and sampled_token_ids and sampled_token_ids[0]:
+            self.records.append((self.last[1], now - self.last[0], len(sampled_token_ids[0])))
+            if len(self.records) % 16 == 0:
+                Path(self.path).write_text(json.dumps(self.records))
+        if not self.cycle:
+            self.cycle = list(range(self.k + 1))
+            self.rng.shuffle(self.cycle)
+        length = self.cycle.pop()
+        drafts = [[self.junk] * length if sampled else [] for sampled in sampled_token_ids]
+        self.last = (time.perf_counter(), length) if sampled_token_ids and sampled_token_ids[0] else None
+        return drafts
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="model directory")
+    ap.add_argument("--tokens", type=int, default=192, help="tokens generated (one step each)")
+    ap.add_argument("-k", type=int, default=5, help="num_speculative_tokens (longest draft probed)")
+    ap.add_argument("--prompt-tokens", type=int, default=500, help="prompt length (the context steps attend to)")
+    ap.add_argument("--skip", type=int, default=6, help="first steps left out (warm-up)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from specgraft.integrations.vllm_worker import make_llm
+
+    records_file = Path(f"/tmp/step-cost-{os.getpid()}.json")
+    os.environ[RECORDS_ENV] = str(records_file)
+    rng = np.random.default_rng(0)
+    prompt = TokensPrompt(prompt_token_ids=rng.integers(100, 20000, args.prompt_tokens).tolist())
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True, detokenize=False)
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
+
+    # plain engine: decode time per token = (t(N) - t(1)) / (N - 1), medians of 2
+    llm = make_llm(args.model, None)
+    llm.generate([prompt], one, use_tqdm=False)
+    t1, tn = [], []
+    for _ in range(2):
+        t0 = time.perf_counter(); llm.generate([prompt], one, use_tqdm=False); t1.append(time.perf_counter() - t0)
+        t0 = time.perf_counter(); llm.generate([prompt], params, use_tqdm=False); tn.append(time.perf_counter() - t0)
+    plain_step = (statistics.median(tn) - statistics.median(t1)) / (args.tokens - 1)
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+
+    spec = {"method": "custom_class", "model": "vllm_step_cost.StepCostProbe", "num_speculative_tokens": args.k}
+    llm = make_llm(args.model, spec)
+    llm.generate([prompt], one, use_tqdm=False)
+    llm.generate([prompt], params, use_tqdm=False)
+    llm.llm_engine.engine_core.shutdown()
+    records = json.loads(records_file.read_text())
+    # the last generation's steps (the records of the warm-up come first), warm-up steps left out
+    records = records[-(args.tokens - 1):][args.skip:]
+    by_len: dict[int, list[float]] = {}
+    for length, dt, emitted in records:
+        if emitted == 1:  # a rejected draft (always, but for a junk token the model picked)
+            by_len.setdefault(length, []).append(dt)
+    medians = {L: statistics.median(v) for L, v in sorted(by_len.items())}
+    # ChainCost is relative to a step of the same engine without a draft (L = 0)
+    xs = np.array([[1.0, L] for L, v in by_len.items() for _ in v if L > 0])
+    ys = np.array([dt / medians[0] for L, v in by_len.items() for dt in v if L > 0])
+    (intercept, per_token), *_ = np.linalg.lstsq(xs, ys, rcond=None)
+    result = {
+        "model": args.model, "prompt_tokens": args.prompt_tokens, "tokens": args.tokens, "k": args.k,
+        "plain_step_s": plain_step,
+        "step_s_by_draft_len": {str(L): round(m, 5) for L, m in medians.items()},
+        "samples_by_draft_len": {str(L): len(v) for L, v in sorted(by_len.items())},
+        "relative_to_plain": {str(L): round(m / plain_step, 4) for L, m in medians.items()},
+        "relative_to_no_draft": {str(L): round(m / medians[0], 4) for L, m in medians.items()},
+        "chain_cost": {"step": round(float(intercept) - 1.0, 4), "token": round(float(per_token), 4)},
+    }
+    print(f"plain step {plain_step * 1000:.1f} ms")
+    for L, m in medians.items():
+        print(f"L={L}: {m * 1000:7.1f} ms  {m / plain_step:.3f} x plain  {m / medians[0]:.3f} x L=0  ({len(by_len[L])} steps)")
+    print(f"ChainCost(step={result['chain_cost']['step']}, token={result['chain_cost']['token']})  (L >= 1, least squares)")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
