@@ -12,6 +12,10 @@ run's vLLM plain output. Run in vLLM's venv::
     PYTHONPATH=. /work/.venv-vllm/bin/python benchmarks/vllm_interleaved.py benchmarks/results-vllm/qwen0.5b \\
         --engines vllm-ngram,vllm-specgraft-pld --repeats 2 --out benchmarks/results-vllm/interleaved-qwen0.5b.json
 
+An engine name may carry a chain cost for specgraft's proposers, ``NAME@STEP/TOKEN`` (e.g.
+``vllm-specgraft-pld@0/0.05``): that engine's process gets ``SPECGRAFT_VLLM_CHAIN_COST=STEP,TOKEN``,
+so one run can compare cost settings too.
+
 Prints, per engine, total time per repeat, the overall total, and the ratio of each engine's
 total to the first one's, with a per-input paired comparison (how many inputs each engine won).
 """
@@ -20,11 +24,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
 from specgraft.bench.vllm_peers import speculative_config_for
+from specgraft.integrations.vllm import CHAIN_COST_ENV
 from specgraft.integrations.vllm_worker import generate, make_llm, sampling_params
+
+
+def start_engine(name: str, request: dict, spec_tokens: int):
+    """A vLLM ``LLM`` for bench peer ``name`` (``PEER`` or ``PEER@STEP/TOKEN``), warmed up."""
+    peer, _, cost = name.partition("@")
+    saved = os.environ.pop(CHAIN_COST_ENV, None)
+    if cost:
+        os.environ[CHAIN_COST_ENV] = cost.replace("/", ",")  # read by the proposer in the engine process it spawns
+    try:
+        llm = make_llm(request["model"], speculative_config_for(peer, spec_tokens), **request.get("engine", {}))
+    finally:
+        os.environ.pop(CHAIN_COST_ENV, None)
+        if saved is not None:
+            os.environ[CHAIN_COST_ENV] = saved
+    generate(llm, request["warmup_ids"], sampling_params(request.get("warmup_tokens", 16), request["eos_token_ids"]))
+    return llm
 
 
 def main() -> int:
@@ -41,11 +63,7 @@ def main() -> int:
     reference = {r["key"]: r["tokens"] for r in map(json.loads, (vdir / "vllm.results.jsonl").read_text().splitlines())}
     names = [e.strip() for e in args.engines.split(",") if e.strip()]
     params = sampling_params(request["max_new_tokens"], request["eos_token_ids"])
-    warm = sampling_params(request.get("warmup_tokens", 16), request["eos_token_ids"])
-    engines = {}
-    for name in names:
-        engines[name] = make_llm(request["model"], speculative_config_for(name, args.spec_tokens), **request.get("engine", {}))
-        generate(engines[name], request["warmup_ids"], warm)
+    engines = {name: start_engine(name, request, args.spec_tokens) for name in names}
     rows = []
     flip = False
     for rep in range(args.repeats):
