@@ -190,6 +190,9 @@ class ChainCost:
     1.38 / 1.43 / 1.53 (0.5B) for L = 1..5: least squares step -0.03 / -0.05, token 0.104 / 0.122.
     So ``CPU_DEFAULT`` is ``ChainCost(0, 0.1)``: no fixed cost, a tenth of a step per draft token,
     which makes a chain pay exactly when each of its tokens is estimated above 10% acceptance.
+    Other CPUs measure cheaper tokens (AVX-512 EPYC and Xeon: ~0.05 per token, 0.01-0.06 per
+    drafting step; README, "What a draft costs vLLM"), but replaying vLLM's loop with those costs
+    moves the predicted time by under 0.5% on the benchmark prompts, so one default serves.
     (A first estimate, fitted to whole-generation times of the vLLM benchmark rows, put a fixed
     0.25 on every drafting step; it was confounded with drift and with which proposer drafted
     what, and the proposer tuned to it drafted too little.) Not measured on a GPU, where a few
