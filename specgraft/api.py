@@ -56,6 +56,15 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase | None, model: PreTrainedModel) -
     return sorted(ids)
 
 
+def auto_cost_table(target: HFTarget) -> str | None:
+    """Path of the cost table for ``target`` on its device at torch's thread count (the user's
+    measured one, else a shipped one; ``batch.profile.find_cost_table``), or None."""
+    from specgraft.batch.profile import find_cost_table
+
+    found = find_cost_table(target.name, str(target.device), torch.get_num_threads())
+    return str(found) if found is not None else None
+
+
 class SpecDecoder:
     """A model, its tokenizer and one method; shares the model (and the draft model, if any) with
     siblings from :meth:`with_method`.
@@ -84,7 +93,6 @@ class SpecDecoder:
         self.model = model
         self.tokenizer = tokenizer
         self.method = method
-        self.options = options
         self.target = target if target is not None else HFTarget(model)
         if draft_model is None and self.spec.needs_draft_model:
             self.spec.check(options)
@@ -96,7 +104,11 @@ class SpecDecoder:
 
             # refuses a datastore built with another tokenizer (the build only sees the vocabulary size)
             load_method_datastores(options.datastores, self.target.vocab_size, tokenizer)
-        # draft-model methods verify their preset's budget (cpu 8, gpu 60), READER its tree shape's
+        if options.cost_table == "auto":
+            options = dataclasses.replace(options, cost_table=auto_cost_table(self.target))
+        self.options = options
+        # derived from the device's cost table where one exists (methods/device_budget.py); else
+        # the fixed defaults: draft-model methods their preset's budget, READER its tree shape's
         self.default_budget = method_budget(method, options)
         drafters, composer = self.spec.build(self.target, options, draft_model)
         self.engine = SpecEngine(

@@ -128,6 +128,9 @@ class BenchConfig:
     """Datastore directories the reader methods search (``MethodOptions.datastores``)."""
     reader_shape: str | None = None
     """READER's tree shape from ``specgraft tune`` (default: ``ReaderConfig``'s)."""
+    cost_table: str | None = None
+    """Cost table the default budgets are derived from (``MethodOptions.cost_table``; the CLI
+    resolves ``--cost-table auto``); None: the fixed defaults. The budgets used are recorded."""
     row_cost: float | None = None
     """Relative cost of a verified row for ``pld`` and the AdaPLD methods' cost-aware pruning
     (``MethodOptions.row_cost``; the CLI resolves ``--row-cost auto`` from the cost table)."""
@@ -263,7 +266,7 @@ class BenchConfig:
         reader = reader_config(self.reader_shape, self.model, self.draft_model, self.preset)
         return MethodOptions(
             recycling_state=self.recycling_state, graft=graft, learning=self.learning, datastores=tuple(self.datastores), reader=reader,
-            row_cost=self.row_cost,
+            row_cost=self.row_cost, cost_table=self.cost_table,
         )
 
     def comparable(self) -> dict[str, Any]:
@@ -283,7 +286,7 @@ class BenchConfig:
         """The equivalent ``specgraft bench`` command line.
 
         >>> BenchConfig(model="m", out="o", suite="humaneval:2").to_command()
-        'specgraft bench --model m --methods ar,pld,recycling --suite humaneval:2 --max-new-tokens 128 --temperature 0.0 --dtype auto --seed 0 --out o'
+        'specgraft bench --model m --methods ar,pld,recycling --suite humaneval:2 --max-new-tokens 128 --temperature 0.0 --dtype auto --seed 0 --cost-table none --out o'
         """
         parts = ["specgraft", "bench", "--model", self.model]
         if self.draft_model:
@@ -299,6 +302,7 @@ class BenchConfig:
             parts += ["--budget", str(self.budget)]
         if self.row_cost is not None:
             parts += ["--row-cost", str(self.row_cost)]
+        parts += ["--cost-table", self.cost_table or "none"]
         if self.threads is not None:
             parts += ["--threads", str(self.threads)]
         if self.alpaca_path:

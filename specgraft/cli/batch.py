@@ -71,7 +71,10 @@ def bench_serve(
     batch_sizes: str = typer.Option("1,2,4,8", "--batch-sizes", help="Comma list of batch sizes (max requests in flight)."),
     suite: str = typer.Option("spec-bench:1", "--suite", help="Prompt suites as for `specgraft bench` (first turns are used)."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens per request (EOS does not stop: equal work)."),
-    cost_table: Optional[str] = typer.Option(None, "--cost-table", help="Cost table JSON (default: the measured or shipped one for the model)."),
+    cost_table: Optional[str] = typer.Option(
+        None, "--cost-table",
+        help="Cost table JSON (default: the measured or shipped one for the model): each batch size's budget, and each method's default budget.",
+    ),
     draft_quant: str = typer.Option("auto", "--draft-quant", help="Numerics of the draft model only: auto, int8, bf16, fp16 or none."),
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also run Hugging Face generate on padded batches."),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md."),
@@ -85,7 +88,6 @@ def bench_serve(
 
     from specgraft.api import SpecDecoder
     from specgraft.batch import CostTable
-    from specgraft.batch.profile import find_cost_table
     from specgraft.bench.batched import bench_batches, write_rows
     from specgraft.cli.generate import set_threads
     from specgraft.methods import GraftOptions, MethodOptions, get_method
@@ -99,10 +101,14 @@ def bench_serve(
         if spec.needs_draft_model and not draft_model:
             raise ValueError(f"method {name} needs --draft-model")
     set_threads(threads)
-    options = MethodOptions(graft=GraftOptions(draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant)) if draft_model else MethodOptions()
+    if cost_table:
+        CostTable.load(cost_table)  # a bad path fails before the model loads
+    graft = GraftOptions(draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant) if draft_model else GraftOptions()
+    # the same table gives each method's default budget (methods/device_budget.py) and each batch size's
+    options = MethodOptions(graft=graft, cost_table=cost_table or "auto")
     ar = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device, options=options)
     decoders = {"ar": ar} | {n: ar.with_method(n) for n in names[1:]}
-    path = cost_table or find_cost_table(ar.target.name, str(ar.target.device), torch.get_num_threads())
+    path = ar.options.cost_table
     costs = CostTable.load(path) if path else None
     if costs is None:
         console.print("no cost table for this model and device: budgets stay each method's own (run `specgraft profile`)")

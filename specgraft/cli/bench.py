@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Optional
 
 import typer
 
-from specgraft.cli.generate import ROW_COST, draft_quant_option, row_cost_value
+from specgraft.cli.generate import COST_TABLE, ROW_COST, draft_quant_option, resolve_cost_table, row_cost_value
 from specgraft.methods import method_names  # imports no torch
 
 
@@ -62,6 +64,7 @@ def bench(
     ),
     reader_shape: Optional[str] = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune` (recorded)."),
     row_cost: Optional[str] = ROW_COST,
+    cost_table: str = COST_TABLE,
     vllm_python: Optional[str] = typer.Option(
         None, "--vllm-python",
         help="Python of the vLLM venv that runs the vLLM peers (default: $SPECGRAFT_VLLM_PYTHON, else /work/.venv-vllm/bin/python).",
@@ -95,6 +98,8 @@ def bench(
         reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens,
         row_cost=row_cost_value(row_cost, model, device, threads),
     )
+    # after the options are checked: the budgets it derives are recorded with the run
+    config = dataclasses.replace(config, cost_table=resolve_cost_table(cost_table, model, device, threads))
     report = run_benchmark(config)
     typer.echo(report.read_text())
 

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from specgraft.agreement import agreement
-from specgraft.methods import METHODS, GraftOptions, MethodOptions, get_method, method_names, with_sampled_drafts
+from specgraft.methods import METHODS, GraftOptions, MethodOptions, derived_budget, get_method, method_names, with_sampled_drafts
 
 # plain text: summaries start with `[method]`, which rich would take for markup
 err = Console(stderr=True, highlight=False, markup=False)
@@ -124,7 +124,13 @@ def run_generate(
         print(json.dumps(summary))
     else:
         used = summary["config"]["generation"]["budget"]
-        origin = f" (preset {options.graft.preset})" if budget is None and METHODS[method].needs_draft_model else ""
+        origin = ""
+        if budget is None:
+            derived = derived_budget(method, dec.options)
+            if derived is not None:
+                origin = f" ({derived.describe()})"
+            elif METHODS[method].needs_draft_model:
+                origin = f" (preset {options.graft.preset})"
         line = (
             f"[{method}] budget {used} nodes{origin}, {stats.new_tokens} tokens in {stats.steps} steps, "
             f"MAT {stats.mat:.2f} (bonus token included), {stats.tokens_per_s:.2f} tok/s, overhead {100 * stats.overhead_fraction:.1f}% of step time, "
@@ -170,6 +176,13 @@ DRAFT_TOP_K = typer.Option(None, "--draft-top-k", help="Children per expanded dr
 LEARNING = typer.Option("request", help="request (default) or shared: see `specgraft.drafters.base.Learning`.")
 DATASTORE = typer.Option(None, "--datastore", help="Datastore directory for reader (repeat or comma list; `specgraft datastore build`).")
 READER_SHAPE = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune`.")
+COST_TABLE = typer.Option(
+    "auto", "--cost-table",
+    help="Cost table JSON (`specgraft profile`) that default budgets are derived from: the budget with the best predicted "
+    "tokens/s on this device, from its measured forward costs and each method's measured acceptance by rank. auto = the "
+    "table measured for this model, device and threads (yours, else a shipped one; fixed defaults when there is none); "
+    "none = the fixed defaults. --budget overrides either.",
+)
 ROW_COST = typer.Option(
     None, "--row-cost",
     help="pld and adapld*: cut each tree where expected tokens per unit of verify cost peak, a verified row costing this "
@@ -209,6 +222,7 @@ def method_options(
     sample_drafts_at: Optional[float] = None,
     draft_quant: str = "auto",
     row_cost: Optional[float] = None,
+    cost_table: Optional[str] = "auto",
 ) -> MethodOptions:
     """The :class:`MethodOptions` of the options above; ``sample_drafts_at``: sample draft children
     at this temperature (``--sample-drafts``); ``draft_quant``: the draft model's numerics."""
@@ -222,8 +236,43 @@ def method_options(
         graft = with_sampled_drafts(graft, sample_drafts_at)
     return MethodOptions(
         recycling_state=recycling_state, graft=graft, learning=learning, datastores=split_paths(datastore),
-        reader=reader_config(reader_shape, model, draft_model, preset), row_cost=row_cost,
+        reader=reader_config(reader_shape, model, draft_model, preset), row_cost=row_cost, cost_table=cost_table_value(cost_table),
     )
+
+
+def resolve_cost_table(value: Optional[str], model: str, device: str, threads: Optional[int]) -> Optional[str]:
+    """``--cost-table`` resolved now, for a run that records its budgets before loading the
+    model (the bench): ``auto`` -> the table ``find_cost_table`` gives, or None. One line on
+    stderr says which."""
+    value = cost_table_value(value)
+    if value != "auto":
+        return value
+    import torch
+
+    from specgraft.batch.profile import find_cost_table
+    from specgraft.models.hf import resolve_device
+
+    found = find_cost_table(model, str(resolve_device(device)), threads or torch.get_num_threads())
+    err.print(f"--cost-table auto: default budgets derived from {found.name}" if found else "--cost-table auto: no cost table for this "
+              "model and device (specgraft profile writes one); fixed default budgets", soft_wrap=True)
+    return str(found) if found else None
+
+
+def cost_table_value(value: Optional[str]) -> Optional[str]:
+    """``--cost-table``: ``auto`` (resolved when the model is loaded), ``none`` -> None, or a
+    path, checked now so a bad one fails before any model loads.
+
+    >>> cost_table_value("auto"), cost_table_value("none")
+    ('auto', None)
+    """
+    if value in (None, "none"):
+        return None
+    if value == "auto":
+        return value
+    from specgraft.batch.budget import CostTable
+
+    CostTable.load(value)
+    return value
 
 
 def generate(
@@ -258,13 +307,14 @@ def generate(
     datastore: Optional[list[str]] = DATASTORE,
     reader_shape: Optional[str] = READER_SHAPE,
     row_cost: Optional[str] = ROW_COST,
+    cost_table: str = COST_TABLE,
 ) -> None:
     """Generate text with a speculative method, streaming it."""
     options = method_options(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore,
         reader_shape=reader_shape, sample_drafts_at=temperature if sample_drafts else None, draft_quant=draft_quant,
-        row_cost=row_cost_value(row_cost, model, device, threads),
+        row_cost=row_cost_value(row_cost, model, device, threads), cost_table=cost_table,
     )
     run_generate(
         prompt, model, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

@@ -32,7 +32,8 @@ def serve(
         None, "--cost-table",
         help="Cost table JSON (`specgraft profile`): pick each batch size's budget from measured costs and acceptance, "
         "0 (plain decoding) when speculation would not pay. Default: the table measured for this model, device and "
-        "thread count (yours, else a shipped one); 'none' = every sequence verifies its own budget.",
+        "thread count (yours, else a shipped one); 'none' = every sequence verifies its own budget. The same table "
+        "gives the method's default budget (the one with the best predicted tokens/s for one sequence).",
     ),
     shutdown_timeout: float = typer.Option(
         30.0, "--shutdown-timeout", help="On SIGINT/SIGTERM, seconds in-flight requests may take to finish before they are cancelled."
@@ -76,18 +77,13 @@ def serve(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore, reader_shape=reader_shape,
         draft_quant=draft_quant, row_cost=row_cost_value(row_cost, model, device, threads),
+        cost_table="auto" if cost_table is None else cost_table,
     )
     decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options)
-    if cost_table is None:
-        import torch
-
-        from specgraft.batch.profile import find_cost_table
-
-        found = find_cost_table(decoder.target.name, str(decoder.target.device), torch.get_num_threads())
-        cost_table = str(found) if found is not None else None
-        table = CostTable.load(found) if found is not None else None
-    elif cost_table == "none":
-        cost_table = None
+    # the decoder resolved `auto` to this model's table on its device: the same table gives the
+    # default budget (methods/device_budget.py) and each batch size's budget (AdaptiveBudget)
+    cost_table = decoder.options.cost_table
+    table = CostTable.load(cost_table) if cost_table else None
     policy = AdaptiveBudget(table) if table is not None else None
     resolved = decoder.resolved_config(SpecDecoder.make_config(budget=budget))
     err.print(

@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from specgraft.drafters.recycling import RecyclingConfig
     from specgraft.models.base import TargetModel
 
-#: Nodes verified per step when the user gives no budget; every run records the budget it used.
+#: Nodes verified per step when the user gives no budget and no cost table applies, and the
+#: anchor a derived budget moves from (``methods/device_budget.py``); every run records the budget
+#: it used.
 #: Measured on the 2-core AVX2 host (fp32, prepacked oneDNN linears), where a 1.5B verify pass
 #: costs ~0.37 s for one row, 0.42 s for 2, 0.55 s for 4, 0.64 s for 8 and 0.85 s for 16, so a
 #: node pays only if the target accepts it more than ~10% of the time.
@@ -139,6 +141,12 @@ class MethodOptions:
     (``CostTable.row_cost``, ``--row-cost``): when set, ``pld`` and the AdaPLD methods cut their
     best-first trees where expected tokens per unit of cost peaks instead of at ``min_prob``
     alone (``tree.paths.cost_aware_subset``); it overrides ``pld.row_cost`` and ``adapld.row_cost``."""
+    cost_table: str | None = "auto"
+    """Cost table (``specgraft profile``) that default budgets are derived from
+    (``methods/device_budget.py``): a path; ``"auto"``, resolved by :class:`~specgraft.api.SpecDecoder`
+    and the bench to the measured or shipped table of the model on its device
+    (``batch.profile.find_cost_table``), or None when there is none; None keeps the fixed
+    ``DEFAULT_BUDGETS``. A generation that gives a budget uses it whatever this says."""
     learning: str = "request"
     """What a request learns (PLD's copy rates, the successor matrix of ``recycling`` and the
     Graft variants) is dropped at its end (``request``: every request starts from the shared
@@ -218,12 +226,22 @@ def get_method(name: str) -> MethodSpec:
 
 
 def method_budget(name: str, options: MethodOptions) -> int:
-    """Nodes verified per step when a generation gives no budget: READER's tree shape
+    """Nodes verified per step when a generation gives no budget: the budget derived from
+    ``options.cost_table`` (:func:`derived_budget`) where that applies; else READER's tree shape
     (``options.reader.budget``), a Graft variant's preset budget, else ``DEFAULT_BUDGETS``.
 
-    >>> method_budget("graft", MethodOptions()), method_budget("reader", MethodOptions()), method_budget("pld", MethodOptions())
+    >>> fixed = MethodOptions(cost_table=None)
+    >>> method_budget("graft", fixed), method_budget("reader", fixed), method_budget("pld", fixed)
     (8, 16, 16)
     """
+    derived = derived_budget(name, options)
+    if derived is not None:
+        return derived.budget
+    return fixed_budget(name, options)
+
+
+def fixed_budget(name: str, options: MethodOptions) -> int:
+    """The budget a method verifies without a cost table (the hand-fitted defaults)."""
     spec = get_method(name)
     if name in READER_METHODS:
         from dataclasses import replace
@@ -234,6 +252,27 @@ def method_budget(name: str, options: MethodOptions) -> int:
 
         return preset_budget(options.graft)
     return spec.default_budget
+
+
+def derived_budget(name: str, options: MethodOptions):
+    """:class:`~specgraft.methods.device_budget.DerivedBudget` of ``name`` from
+    ``options.cost_table``, or None where the fixed default applies: no table (None, or
+    ``"auto"`` not resolved yet), no measured gains for the method (``ar``, READER), or a
+    draft-model method whose tree differs from the one the gains were measured with (another
+    preset, depth or top-k) or that gates on a Graft calibration fitted at the preset's budget."""
+    get_method(name)
+    if options.cost_table in (None, "auto") or name in READER_METHODS:
+        return None
+    from specgraft.batch.budget import CostTable
+    from specgraft.methods.device_budget import derive_budget, gains_meta
+
+    if get_method(name).needs_draft_model:
+        g = options.graft
+        if g.calibration or g.depth or g.top_k or g.preset != gains_meta().get("preset", "cpu"):
+            return None
+    from pathlib import Path
+
+    return derive_budget(name, CostTable.load(options.cost_table), table=Path(options.cost_table).name, anchor=fixed_budget(name, options))
 
 
 def method_names() -> Sequence[str]:
