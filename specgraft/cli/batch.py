@@ -89,7 +89,7 @@ def bench_serve(
     from specgraft.api import SpecDecoder
     from specgraft.batch import CostTable
     from specgraft.bench.batched import bench_batches, write_rows
-    from specgraft.cli.generate import set_threads
+    from specgraft.cli.generate import cost_table_value, set_threads
     from specgraft.methods import GraftOptions, MethodOptions, get_method
     from specgraft.suites import load_suite
 
@@ -101,11 +101,9 @@ def bench_serve(
         if spec.needs_draft_model and not draft_model:
             raise ValueError(f"method {name} needs --draft-model")
     set_threads(threads)
-    if cost_table:
-        CostTable.load(cost_table)  # a bad path fails before the model loads
     graft = GraftOptions(draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant) if draft_model else GraftOptions()
     # the same table gives each method's default budget (methods/device_budget.py) and each batch size's
-    options = MethodOptions(graft=graft, cost_table=cost_table or "auto")
+    options = MethodOptions(graft=graft, cost_table=cost_table_value(cost_table or "auto"))  # a bad path fails here
     ar = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device, options=options)
     decoders = {"ar": ar} | {n: ar.with_method(n) for n in names[1:]}
     path = ar.options.cost_table

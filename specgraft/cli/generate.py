@@ -179,7 +179,7 @@ READER_SHAPE = typer.Option(None, "--reader-shape", help="READER tree shape from
 COST_TABLE = typer.Option(
     "auto", "--cost-table",
     help="Cost table JSON (`specgraft profile`) that default budgets are derived from: the budget with the best predicted "
-    "tokens/s on this device, from its measured forward costs and each method's measured acceptance by rank. auto = the "
+    "tokens/s on this device, from its measured forward costs and each method's measured gains per budget. auto = the "
     "table measured for this model, device and threads (yours, else a shipped one; fixed defaults when there is none); "
     "none = the fixed defaults. --budget overrides either.",
 )

@@ -70,14 +70,12 @@ def serve(
         model_name=served_model_name or model, max_batch=max_batch, max_queue=max_queue, default_max_tokens=default_max_tokens,
         budget=budget,
     )
-    # an explicit table is read before the model loads, so a bad path fails at once
-    table = CostTable.load(cost_table) if cost_table not in (None, "none") else None
     set_threads(threads)
     options = method_options(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore, reader_shape=reader_shape,
         draft_quant=draft_quant, row_cost=row_cost_value(row_cost, model, device, threads),
-        cost_table="auto" if cost_table is None else cost_table,
+        cost_table="auto" if cost_table is None else cost_table,  # an explicit table is read here, before the model loads
     )
     decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options)
     # the decoder resolved `auto` to this model's table on its device: the same table gives the

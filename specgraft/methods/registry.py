@@ -260,18 +260,18 @@ def derived_budget(name: str, options: MethodOptions):
     ``"auto"`` not resolved yet), no measured gains for the method (``ar``, READER), or a
     draft-model method whose tree differs from the one the gains were measured with (another
     preset, depth or top-k) or that gates on a Graft calibration fitted at the preset's budget."""
-    get_method(name)
+    spec = get_method(name)
     if options.cost_table in (None, "auto") or name in READER_METHODS:
         return None
+    from pathlib import Path
+
     from specgraft.batch.budget import CostTable
     from specgraft.methods.device_budget import derive_budget, gains_meta
 
-    if get_method(name).needs_draft_model:
+    if spec.needs_draft_model:
         g = options.graft
         if g.calibration or g.depth or g.top_k or g.preset != gains_meta().get("preset", "cpu"):
             return None
-    from pathlib import Path
-
     return derive_budget(name, CostTable.load(options.cost_table), table=Path(options.cost_table).name, anchor=fixed_budget(name, options))
 
 
