@@ -15,6 +15,17 @@ run; 0 at ``k = 0``, where no drafter runs). :class:`AdaptiveBudget` picks the `
 ``refresh`` steps. ``k = 0`` is plain batched decoding, so speculation never makes a batch
 slower than the cost table predicts plain decoding to be.
 
+The acceptance ``a_r`` is counted online per rank, from a prior worth a number of sequence
+steps; ``D`` is measured online per batch size, from a prior until the first step. A method
+with measured gains (``specgraft/data/budget_gains.json``, :mod:`specgraft.methods.device_budget`)
+starts from its own, worth 32 steps (:class:`AdaptiveBudget` says why): rank rates whose sum
+reproduces its measured ``E(k)`` at each measured budget, the nodes it fills from its ``N(k)``,
+and ``D = D(k) x T(1, 1)`` from its measured drafting time. Before any step, its prediction at
+``B = 1`` and a measured budget is therefore the one that derives its default budget
+(:func:`~specgraft.methods.device_budget.predicted_tokens_per_s`), and a short unlucky warm-up
+cannot switch off a method that pays on average. Other methods start from a generic prior
+(``a_r = 0.5 * 0.8**r``, worth 2 steps; drafting free until measured).
+
 Worked example (1.5B fp32 on this CPU): ``T(1, 1) = 0.30 s``, ``T(1, 9) = 0.50 s``; with
 ``a = [0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.2, 0.1]`` (``E(8) = 4.1``) one sequence gets
 ``thr(1, 8) = 8.2`` tokens/s against ``thr(1, 0) = 3.3``. At ``B = 8``, ``T(8, 1) = 0.68 s`` and
@@ -30,12 +41,19 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from specgraft.methods.device_budget import BudgetGains
+
 #: Ranks whose acceptance is tracked (budgets beyond this reuse the last rank's rate).
 MAX_RANK = 128
+
+#: Sequence steps a prior built from a method's measured gains is worth (:class:`Acceptance`,
+#: ``prior_weight``); the generic prior is worth 2. Why 32: :class:`AdaptiveBudget`.
+GAINS_PRIOR_WEIGHT = 32.0
 
 
 @dataclass(frozen=True)
@@ -172,6 +190,37 @@ def _interp(points: dict[int, float], x: float) -> float:
     return points[hi] + (points[hi] - points[lo]) * (x - hi) / (hi - lo)
 
 
+def per_rank(budgets: Sequence[int], totals: Sequence[float], base: float = 0.0) -> list[float]:
+    """Per-rank rates whose running sum reproduces ``totals`` measured at ``budgets``:
+    ``base + sum_{r < k} rates[r] == totals[i]`` at each ``k = budgets[i]``. The gain between
+    consecutive measured budgets ``k_i < k_{i+1}`` is spread evenly over ranks
+    ``k_i .. k_{i+1} - 1`` (ranks ``0 .. k_0 - 1`` share ``totals[0] - base``); one more rank
+    of 0 follows the largest budget (nothing measured says ranks beyond it pay, and
+    :meth:`Acceptance.rate` reuses the last entry for every rank past the list).
+
+    Each rate is clipped to ``[0, 1]`` (a rank is accepted, or filled, at most once a step; a
+    total that drops between budgets is measurement noise, not a negative rate). The rates are
+    *not* made non-increasing: a budget-``k`` tree is not the first ``k`` nodes of a larger one,
+    and the measured totals need not be concave. ``ptd`` emits 1.0 token a step at budgets 1
+    and 2 (at 1 it drafts nothing, at 2 nothing it drafts is accepted) and 1.15 at 4; pooling
+    its rates into a non-increasing shape would keep ``E(4)`` but predict gains at budgets 1
+    and 2 that were measured to be absent, and :class:`AdaptiveBudget` compares budgets by ``E(k)`` itself.
+
+    >>> per_rank([1, 2, 4], [1.75, 2.25, 3.25], base=1.0)  # E(k): 0.75 at rank 0, 0.5 at 1, 1.0 over 2..3
+    [0.75, 0.5, 0.5, 0.5, 0.0]
+    >>> per_rank([2, 4], [0.0, 3.0])  # nothing filled at budget 2, 3 more nodes over ranks 2..3: at most 1 each
+    [0.0, 0.0, 1.0, 1.0, 0.0]
+    """
+    if not budgets or len(budgets) != len(totals) or list(budgets) != sorted(set(budgets)) or budgets[0] < 1:
+        raise ValueError(f"per-rank rates need increasing budgets >= 1 with one total each, got {list(budgets)} and {list(totals)}")
+    rates: list[float] = []
+    lo, before = 0, base
+    for k, total in zip(budgets, totals, strict=True):
+        rates += [min(1.0, max(0.0, (total - before) / (k - lo)))] * (k - lo)
+        lo, before = k, total
+    return rates + [0.0]
+
+
 @dataclass
 class Acceptance:
     """Running counts of acceptance by node rank (tree order), with a prior.
@@ -179,7 +228,11 @@ class Acceptance:
     A step with budget ``k`` is an opportunity at ranks ``0 .. k - 1``, whether or not its
     drafters filled them (a prompt-lookup method that finds no match drafts nothing), so
     ``rate(r)`` is the probability that a node of rank ``r`` exists *and* is accepted:
-    ``(accepted at r + prior_weight * prior[r]) / (opportunities at r + prior_weight)``.
+    ``(accepted at r + prior_weight * prior[r]) / (opportunities at r + prior_weight)``; the
+    share of opportunities the drafters filled, ``fill_rate(r)``, likewise from ``nodes_prior``.
+
+    The default prior is generic (``0.5 * 0.8**r``, every rank filled, worth 2 steps);
+    :meth:`from_gains` builds a method's own from its measured gains.
 
     >>> a = Acceptance(prior=[0.5, 0.25], prior_weight=0)
     >>> a.add(budget=2, accepted=[0]); a.add(budget=2, accepted=[0, 1])
@@ -188,11 +241,30 @@ class Acceptance:
     """
 
     prior: list[float] = field(default_factory=lambda: [0.5 * 0.8**r for r in range(16)])
+    """Acceptance rate per rank before any step (the last entry stands for every later rank)."""
     prior_weight: float = 2.0
+    """Sequence steps the priors are worth."""
+    nodes_prior: list[float] = field(default_factory=lambda: [1.0])
+    """Share of steps whose drafters fill each rank, before any step (default: every rank)."""
     verified: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
     accepted: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
     filled: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
     """Opportunities at each rank that the drafters filled with a node."""
+
+    @classmethod
+    def from_gains(cls, gains: BudgetGains, weight: float = GAINS_PRIOR_WEIGHT) -> "Acceptance":
+        """A prior that reproduces ``gains``' measured tokens per step ``E(k)`` and nodes per
+        step ``N(k)`` at its measured budgets (:func:`per_rank`), worth ``weight`` steps.
+
+        >>> from specgraft.methods.device_budget import BudgetGains
+        >>> a = Acceptance.from_gains(BudgetGains("x", (1, 2, 4), (1.75, 2.25, 3.25), (1.0, 1.5, 2.5)))
+        >>> a.expected_tokens(2), a.expected_tokens(4), a.expected_nodes(4), a.expected_tokens(8)
+        (2.25, 3.25, 2.5, 3.25)
+        """
+        return cls(
+            prior=per_rank(gains.budgets, gains.tokens_per_step, base=1.0), prior_weight=weight,
+            nodes_prior=per_rank(gains.budgets, gains.nodes_per_step),
+        )
 
     def add(self, budget: int, accepted: Sequence[int], tree_nodes: int | None = None) -> None:
         """One step with ``budget`` (``tree_nodes`` of them filled; default all)."""
@@ -204,19 +276,22 @@ class Acceptance:
             if r < MAX_RANK:
                 self.accepted[r] += 1
 
-    def expected_nodes(self, k: int) -> float:
-        """Nodes a step with budget ``k`` proposes on average (all ``k`` until measured)."""
-        total = 0.0
-        for r in range(k):
-            r = min(r, MAX_RANK - 1)
-            total += self.filled[r] / self.verified[r] if self.verified[r] else 1.0
-        return total
+    def _blend(self, counts: list[int], prior: list[float], r: int) -> float:
+        """``(counts[r] + prior_weight * prior[r]) / (verified[r] + prior_weight)``."""
+        r = min(r, MAX_RANK - 1)
+        p = prior[min(r, len(prior) - 1)] if prior else 0.0
+        n = self.verified[r] + self.prior_weight
+        return (counts[r] + self.prior_weight * p) / n if n > 0 else p
+
+    def fill_rate(self, r: int) -> float:
+        return self._blend(self.filled, self.nodes_prior, r)
 
     def rate(self, r: int) -> float:
-        r = min(r, MAX_RANK - 1)
-        prior = self.prior[min(r, len(self.prior) - 1)] if self.prior else 0.0
-        n = self.verified[r] + self.prior_weight
-        return (self.accepted[r] + self.prior_weight * prior) / n if n > 0 else prior
+        return self._blend(self.accepted, self.prior, r)
+
+    def expected_nodes(self, k: int) -> float:
+        """Nodes a step with budget ``k`` proposes on average."""
+        return sum(self.fill_rate(r) for r in range(k))
 
     def expected_tokens(self, k: int) -> float:
         """``E(k) = 1 + sum_{r < k} rate(r)``: tokens per step with ``k`` nodes (bonus included)."""
@@ -227,23 +302,54 @@ class AdaptiveBudget:
     """Budget per batch size maximising predicted throughput (module docstring).
 
     ``budgets`` are the candidate budgets (0 is always a candidate; none above a sequence's
-    own budget is used). The drafting time per step at budget > 0 is learned online per batch
-    size from the steps run (an exponential average).
+    own budget is used). ``gains`` (or :meth:`for_method`) seeds the policy with a method's
+    measured gains; without them it starts from the generic prior and no drafting time.
+
+    **Priors.** With gains, the acceptance prior is :meth:`Acceptance.from_gains` (it
+    reproduces the measured ``E(k)`` and ``N(k)``), worth :data:`GAINS_PRIOR_WEIGHT` = 32
+    sequence steps, and the drafting time before any is measured is ``D(k) x T(1, 1)`` (the
+    gains' drafting time in plain target steps, read against this table's one-row forward;
+    linear between measured budgets). At ``B > 1`` the same figure stands: a draft model
+    drafts for the whole batch in one forward per depth, so its per-step time grows with
+    ``B`` far less than the target's, and the estimate lasts only until the first step is
+    measured. Drafting time is then learned online per batch size (an exponential average)
+    and **replaces** the prior at once, with no blending: it is measured directly on this
+    machine (catch-up prefill excluded) and varies little from step to step, while the prior
+    is another machine's ratio; acceptance, which varies by prompt, is what needs a
+    weighted prior.
+
+    Why 32. Draft-tree on the shipped 2-core Zen 3 table (1.5B, ``T(1, 1) = 0.382 s``): its
+    gains give rank rates ``0.84, 0.76, 0.52, 0.52, 0.13 x 4, 0 ...`` (``E(8) = 4.14``,
+    ``N(8) = 7.8``) and ``D = 0.64`` plain steps, 0.246 s, so budget 8 predicts
+    ``4.14 / (T(1, 8.8) + 0.246) = 4.14 / 0.833 = 4.97`` tokens/s against plain decoding's
+    2.62: break-even is ``E(8) = 2.18``, 38% of the prior's 3.14 accepted nodes. A warm-up of
+    16 steps that accepts nothing leaves ``w / (w + 16)`` of the prior: 11% at the generic
+    weight of 2 (``E(8) = 1.35``: switched off, as measured on one low-acceptance writing
+    prompt although draft-tree pays 1.19x over the prompt set), 67% at 32 (``E(8) = 3.09``,
+    3.68 tokens/s: stays at 8). At 32 the 16-step warm-up moves each rate at most a third of
+    the way to its sample, so on this table no warm-up alone switches draft-tree off; 53
+    steps accepting nothing do (``32 / (32 + n) < 0.38``), and after 300 steps the prior is
+    10% of each drafted rank's weight, so sustained poor acceptance decides within a few hundred
+    sequence steps (at ``B = 8``, a few dozen batched steps). The price is symmetric: a
+    method whose gains put it at 0 (``ptd`` at ``B = 1`` here) needs that many probe steps of
+    good acceptance to come back.
 
     **Probes.** When the choice is 0 nothing is drafted, so nothing would be learned; instead
     one sequence of the batch *probes* (drafts at a positive budget) while the others decode
     plainly, in a forward of its own when the cost table says that is cheaper than padding
     the batch to its tree. It probes at every step of the **warm-up** (until ``warmup``
-    sequence steps with a budget were observed: the prior cannot know a draft model's cost
-    or this method's acceptance), then once every ``explore`` steps spent at 0. A probe at
-    batch size 8 on the 1.5B costs ~1.1 s against a 0.6 s step, so the default ``explore``
-    of 256 keeps exploration near 1% of a batch that stays at 0. Warm-up at batch size 1 is
-    the method's own budget: the sequence probes alone.
+    sequence steps with a budget were observed: a prior is another run's measurement, or
+    generic), then once every ``explore`` steps spent at 0. A probe at batch size 8 on the
+    1.5B costs ~1.1 s against a 0.6 s step, so the default ``explore`` of 256 keeps
+    exploration near 1% of a batch that stays at 0. Warm-up at batch size 1 is the method's
+    own budget: the sequence probes alone.
 
-    Worked example: a fresh policy at ``B = 8`` with the 1.5B table predicts 0 from the prior;
-    sequence 0 probes for 16 steps (its own budget, own forward), the other 7 decode plainly
-    and start without optional prefill work (``speculating`` is False); then every 256th step
-    one sequence probes again.
+    Worked example: a fresh ``pld`` policy at ``B = 8`` with the 1.5B table predicts 0 from
+    its gains (``E(16) = 1.45`` tokens for a batch padded to 17 rows); sequence 0 probes for
+    16 steps (its own budget, own forward), the other 7 decode plainly and start without
+    optional prefill work (``speculating`` is False); then every 256th step one sequence
+    probes again. A fresh ``draft-tree`` policy predicts budget 8 at ``B = 1`` and 4 at
+    ``B = 8`` (15.0 tokens/s against 13.3).
     """
 
     def __init__(
@@ -254,16 +360,45 @@ class AdaptiveBudget:
         refresh: int = 1,
         explore: int = 256,
         warmup: int = 16,
+        gains: BudgetGains | None = None,
     ):
         self.costs = costs
-        self.acceptance = acceptance if acceptance is not None else Acceptance()
+        if acceptance is None:
+            acceptance = Acceptance.from_gains(gains) if gains is not None else Acceptance()
+        self.acceptance = acceptance
         self.budgets = sorted({int(b) for b in budgets if b > 0})
         self.refresh, self.explore, self.warmup = refresh, explore, warmup
+        # where the starting acceptance and drafting time come from (``serve`` prints it)
+        self.prior = f"measured gains of {gains.method}" if gains is not None else "generic"
+        # budget -> drafting seconds per step before any is measured: D(k) plain steps x T(1, 1)
+        self.draft_prior: dict[int, float] = {}
+        if gains is not None and gains.draft_steps is not None:
+            step = costs.cost(1, 1)
+            self.draft_prior = {k: d * step for k, d in zip(gains.budgets, gains.draft_steps, strict=True)}
         self.observed = 0
         self.draft_s: dict[int, float] = {}
         self._choice: dict[int, int] = {}
         self._since: dict[int, int] = {}
         self._idle: dict[int, int] = {}
+
+    @classmethod
+    def for_method(cls, costs: CostTable, method: str, **kwargs) -> "AdaptiveBudget":
+        """A policy whose priors are ``method``'s measured gains
+        (:func:`~specgraft.methods.device_budget.budget_gains`, ablations reading their base
+        method's); the generic prior for a method without gains (``ar``, ``reader``, unknown
+        names). The gains were measured with one target/draft pair
+        (:func:`~specgraft.methods.device_budget.gains_meta`: the 1.5B/0.5B catalog pair);
+        with another model, or another preset, depth or top-k, they are still the starting
+        point, as a prior: the online counts correct them (class docstring).
+
+        >>> t = CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}})
+        >>> AdaptiveBudget.for_method(t, "graft-fixed").prior, AdaptiveBudget.for_method(t, "ar").prior
+        ('measured gains of graft-fixed', 'generic')
+        """
+        # imported here: device_budget reads CostTable from this module
+        from specgraft.methods.device_budget import budget_gains
+
+        return cls(costs, gains=budget_gains(method), **kwargs)
 
     def predicted(self, batch_size: int, k: int) -> float:
         """Predicted tokens/s of the whole batch at budget ``k``.
@@ -271,17 +406,21 @@ class AdaptiveBudget:
         Rows per sequence: one sequence feeds its tree as drafted (``1 + expected_nodes(k)``;
         prompt lookup often drafts fewer nodes than its budget); a batch is padded to its
         largest tree, taken as the full ``1 + k``."""
-        draft = 0.0 if k == 0 else self._draft_cost(batch_size)
+        draft = 0.0 if k == 0 else self._draft_cost(batch_size, k)
         rows = 1 + (self.acceptance.expected_nodes(k) if batch_size == 1 else k)
         return batch_size * self.acceptance.expected_tokens(k) / (self.costs.cost(batch_size, rows) + draft)
 
-    def _draft_cost(self, batch_size: int) -> float:
+    def _draft_cost(self, batch_size: int, k: int) -> float:
+        """Drafting seconds per step: measured at this batch size; else the nearest measured
+        size's, as is; else, before any measurement, the gains' ``D(k) x T(1, 1)`` (linear
+        between measured budgets, flat beyond them) at every batch size (class docstring)."""
         if batch_size in self.draft_s:
             return self.draft_s[batch_size]
-        # not measured at this size yet: the nearest measured size's, as is (an estimate)
         if self.draft_s:
             near = min(self.draft_s, key=lambda b: abs(b - batch_size))
             return self.draft_s[near]
+        if self.draft_prior:
+            return _interp(self.draft_prior, min(k, max(self.draft_prior)))
         return 0.0
 
     def best(self, batch_size: int, cap: int) -> int:

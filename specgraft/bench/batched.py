@@ -16,8 +16,10 @@ the same run.
 
 Each method keeps **one** :class:`~specgraft.batch.AdaptiveBudget` for the whole run (batch
 sizes in the order given), as a server keeps one policy while its load changes: its warm-up
-happens once, at the first batch size, and what it learned there carries over. The row
-counts the steps in which one sequence probed (warm-up and exploration, ``probe_steps``).
+happens once, at the first batch size, and what it learned there carries over. It starts
+from the method's measured gains (:meth:`~specgraft.batch.AdaptiveBudget.for_method`; the
+generic prior for a method without them). The row counts the steps in which one sequence
+probed (warm-up and exploration, ``probe_steps``).
 """
 
 from __future__ import annotations
@@ -153,8 +155,11 @@ def bench_batches(
     log(f"reference: single-sequence ar on {len(prompts)} prompts")
     reference = [ar.generate(p, config=config).tokens for p in prompts]
     rows: list[BatchRow] = []
-    # one policy per method for the whole run, as a server keeps one (module docstring)
-    policies = {name: AdaptiveBudget(costs) for name in decoders if costs is not None and name != "ar"}
+    # one policy per method for the whole run, as a server keeps one (module docstring), each
+    # starting from its method's measured gains where there are some
+    policies = {name: AdaptiveBudget.for_method(costs, name) for name in decoders if costs is not None and name != "ar"}
+    for name, policy in policies.items():
+        log(f"{name}: adaptive budget, prior from {policy.prior}")
     for b in batch_sizes:
         ar_tps = None
         for name, dec in decoders.items():

@@ -82,11 +82,13 @@ def serve(
     # default budget (methods/device_budget.py) and each batch size's budget (AdaptiveBudget)
     cost_table = decoder.options.cost_table
     table = CostTable.load(cost_table) if cost_table else None
-    policy = AdaptiveBudget(table) if table is not None else None
+    # the method's measured gains are the policy's prior (the generic one for a method without them)
+    policy = AdaptiveBudget.for_method(table, method) if table is not None else None
     resolved = decoder.resolved_config(SpecDecoder.make_config(budget=budget))
+    adaptive = f"adaptive budget from {cost_table} (prior: {policy.prior})" if policy is not None else "fixed budget"
     err.print(
         f"specgraft serve: {config.model_name} ({model}), method {method}, budget {resolved['generation']['budget']}, "
-        f"{'adaptive budget from ' + cost_table if cost_table else 'fixed budget'}, max_batch {max_batch}, max_queue {max_queue}, "
+        f"{adaptive}, max_batch {max_batch}, max_queue {max_queue}, "
         f"{resolved['dtype']} on {resolved['device']}, threads {resolved['threads']}; http://{host}:{port}/v1"
     )
     app = create_app(decoder, config, policy)
