@@ -63,6 +63,34 @@ def load_base(args):
     return SpecDecoder.from_pretrained(args.model, method="ar", dtype=args.dtype, options=MethodOptions(graft=graft, cost_table=None), progress=False)
 
 
+def bracketed_timings(base, variants, prompts, max_new_tokens: int):
+    """Time each variant against ``ar`` per prompt, drift bracketed: for every prompt, ``ar``,
+    then each variant (in an order that alternates from prompt to prompt), then ``ar`` again.
+    ``variants``: ``(key, budget, decoder)``; greedy, exactly ``max_new_tokens`` tokens (EOS
+    does not stop). Warms every decoder up first. Yields, per prompt, ``(i, ar_first, ar_last,
+    {key: (seconds, MAT, output equals ar's)})``."""
+    from specgraft.config import GenerationConfig
+
+    def run(dec, ids, budget=None, tokens=max_new_tokens):
+        config = GenerationConfig(max_new_tokens=tokens, stop_on_eos=False, budget=budget)
+        t0 = time.perf_counter()
+        out = dec.generate(ids, config=config)
+        return time.perf_counter() - t0, out
+
+    warm = base.encode("Say hello.", chat=True)
+    for _, budget, dec in variants:
+        run(dec, warm, budget, tokens=4)
+    run(base, warm, tokens=4)
+    for i, ids in enumerate(prompts):
+        ar_first, ref = run(base, ids)
+        timed = {}
+        for key, budget, dec in variants if i % 2 == 0 else variants[::-1]:
+            seconds, out = run(dec, ids, budget)
+            timed[key] = (seconds, out.stats.mat, out.tokens == ref.tokens)
+        ar_last, _ = run(base, ids)
+        yield i, ar_first, ar_last, timed
+
+
 def model_arguments(description: str) -> argparse.ArgumentParser:
     """The parser both budget scripts start from: target, draft model and numerics, threads, output."""
     parser = argparse.ArgumentParser(description=description)

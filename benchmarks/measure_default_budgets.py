@@ -17,17 +17,15 @@ same runs once. Every output is checked against ``ar`` token for token::
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 
 def main() -> None:
     import torch
 
-    from measure_budget_gains import load_base, model_arguments
+    from measure_budget_gains import bracketed_timings, load_base, model_arguments
 
     from specgraft.api import SpecDecoder
-    from specgraft.config import GenerationConfig
     from specgraft.methods import MethodOptions, derived_budget, fixed_budget
     from specgraft.suites import load_suite
 
@@ -53,26 +51,9 @@ def main() -> None:
             variants.append((method, "derived", derived.budget, dec))
         print(f"{method:<12} fixed {fixed:3d}, {plan[method]['predicted']}", flush=True)
     prompts = [base.encode(p.turns[0], chat=p.chat) for p in load_suite(args.suite).prompts]
-    warm = base.encode("Say hello.", chat=True)
-    for _, _, budget, dec in variants:
-        dec.generate(warm, config=GenerationConfig(max_new_tokens=4, budget=budget))
-    base.generate(warm, max_new_tokens=4)
-
-    def run(dec, ids, budget=None):
-        config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_on_eos=False, budget=budget)
-        t0 = time.perf_counter()
-        out = dec.generate(ids, config=config)
-        return time.perf_counter() - t0, out
-
     rows = []
-    for i, ids in enumerate(prompts):
-        ar_first, ref = run(base, ids)
-        order = variants if i % 2 == 0 else variants[::-1]
-        timed = {}
-        for method, kind, budget, dec in order:
-            seconds, out = run(dec, ids, budget)
-            timed[(method, kind)] = (seconds, out.stats.mat, out.tokens == ref.tokens)
-        ar_last, _ = run(base, ids)
+    keyed = [((method, kind), budget, dec) for method, kind, budget, dec in variants]
+    for i, ar_first, ar_last, timed in bracketed_timings(base, keyed, prompts, args.max_new_tokens):
         ar_s = (ar_first + ar_last) / 2
         for (method, kind), (seconds, mat, exact) in timed.items():
             rows.append({"prompt": i, "method": method, "kind": kind, "seconds": seconds, "ar_seconds": ar_s, "mat": mat, "exact": exact})

@@ -115,10 +115,12 @@ def test_method_budget_uses_the_table_where_it_applies(tmp_path):
     for name in METHODS:
         assert method_budget(name, fixed) == fixed_budget(name, fixed)
         assert method_budget(name, MethodOptions()) == fixed_budget(name, fixed), "an unresolved 'auto' keeps the fixed defaults"
+    unextended = GraftOptions(extend=0)  # the tree the draft-model gains were measured with
     for name in ("pld", "recycling", "draft-tree", "graft-prune"):
-        on_cpu, on_gpu = derived_budget(name, MethodOptions(cost_table=cpu)), derived_budget(name, MethodOptions(cost_table=gpu))
+        on_cpu = derived_budget(name, MethodOptions(cost_table=cpu, graft=unextended))
+        on_gpu = derived_budget(name, MethodOptions(cost_table=gpu, graft=unextended))
         assert on_cpu is not None and on_gpu is not None and on_cpu.budget <= on_gpu.budget
-        assert method_budget(name, MethodOptions(cost_table=cpu)) == on_cpu.budget
+        assert method_budget(name, MethodOptions(cost_table=cpu, graft=unextended)) == on_cpu.budget
         assert on_cpu.table == "m-cpu.json"
     # where the fixed default stays
     for name, options in [
@@ -126,6 +128,8 @@ def test_method_budget_uses_the_table_where_it_applies(tmp_path):
         ("reader", MethodOptions(cost_table=cpu)),
         ("graft", MethodOptions(cost_table=cpu, graft=GraftOptions(preset="gpu"))),
         ("draft-tree", MethodOptions(cost_table=cpu, graft=GraftOptions(depth=6))),
+        ("draft-tree", MethodOptions(cost_table=cpu)),  # the cpu preset extends its trees; the gains did not
+        ("graft", MethodOptions(cost_table=cpu, graft=GraftOptions(extend=4))),
         ("graft-prune", MethodOptions(cost_table=cpu, graft=GraftOptions(calibration="benchmarks/calib/graft-int8.json"))),
     ]:
         assert derived_budget(name, options) is None

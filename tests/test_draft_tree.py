@@ -8,6 +8,7 @@ needs to set the draft distribution exactly.
 from __future__ import annotations
 
 import copy
+import math
 import random
 from collections import Counter
 from typing import Callable, Sequence
@@ -158,6 +159,96 @@ def test_gates_stop_drafting():
         assert draft.stage == stage and lm.forwards == forwards
         assert len(draft.layer_sizes) == forwards
         assert draft.confidences == pytest.approx([0.5, 0.25, 0.125][: len(draft.confidences)])
+
+
+def chain_table(probs: dict[int, float], vocab: int = 16) -> Callable[[tuple[int, ...]], torch.Tensor]:
+    """After token ``t`` the draft puts ``probs[t]`` (default 0.5) on ``t + 1`` and the rest on
+    ``t + 2`` (mod ``vocab``): a chain whose confidence the test sets per token."""
+
+    def fn(path: tuple[int, ...]) -> torch.Tensor:
+        t = path[-1]
+        p = torch.full((vocab,), 1e-9, dtype=torch.float64)
+        p[(t + 1) % vocab] = probs.get(t, 0.5)
+        p[(t + 2) % vocab] = 1 - probs.get(t, 0.5)
+        return p.log().float()
+
+    return fn
+
+
+def test_extension_continues_the_best_path_while_it_is_confident():
+    # root 0 -> 1 (0.9) -> 2 (0.9): depth 2 ends at S = log 0.81; extension feeds 2 -> 3 (0.9,
+    # S = log .729), feeds 3 -> 4 (0.5, S = log .36), feeds 4 -> 5 (0.5, S = log .18 < 0.3): stop
+    lm = TableLM(chain_table({0: 0.9, 1: 0.9, 2: 0.9, 3: 0.5, 4: 0.5}), 16)
+    plain = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=1))
+    state = begin(plain, [0])
+    lm.forwards = 0
+    assert plain.draft_pool(state, [0]).tokens == [1, 2] and lm.forwards == 2
+    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=1, extend=8, extend_min=0.3))
+    state = begin(drafter, [0])
+    lm.forwards = 0
+    pool = drafter.draft_pool(state, [0])
+    assert pool.tokens == [1, 2, 3, 4, 5] and pool.parents == [-1, 0, 1, 2, 3]
+    assert lm.forwards == 2 + 3, "three extension forwards: after 2, 3 and 4"
+    assert pool.scores == pytest.approx([math.log(x) for x in (0.9, 0.81, 0.729, 0.3645, 0.18225)], rel=1e-5)
+    assert pool.layer_sizes == [1, 1, 1, 1, 1]
+    # at most `extend` forwards
+    once = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=1, extend=1))
+    assert once.draft_pool(begin(once, [0]), [0]).tokens == [1, 2, 3]
+    # a budget the extension node would not enter stops it: budget 2 keeps [1, 2] already
+    state = begin(drafter, [0])
+    lm.forwards = 0
+    assert drafter.propose(state, [0], budget=2).tokens == [1, 2] and lm.forwards == 2
+    with pytest.raises(ValueError, match="extend must be an integer >= 0"):
+        DraftTreeConfig(extend=-1)
+    with pytest.raises(ValueError, match="extend must be an integer >= 0"):
+        GraftOptions(extend=-2)
+    with pytest.raises(ValueError, match="extend_min must lie in"):
+        DraftTreeConfig(extend_min=1.5)
+
+
+def test_extension_is_skipped_when_gated_or_sampled():
+    lm = TableLM(chain_table({t: 0.95 for t in range(16)}), 16)
+    gated = DraftModelDrafter(lm, DraftTreeConfig(depth=3, top_k=1, checkpoints=(0,), thresholds=(0.99,), extend=4))
+    lm.forwards = 0
+    pool = gated.draft_pool(begin(gated, [0]), [0])
+    assert pool.stage == 0 and len(pool.tokens) == 1 and lm.forwards == 1, "a gated draft is not extended"
+    sampled = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=1, sample=True, extend=4))
+    state = begin(sampled, [0], sampling_config(temperature=1.0, seed=3))
+    lm.forwards = 0
+    pool = sampled.draft_pool(state, [0])
+    assert lm.forwards == 2 and len(pool.layer_sizes) == 2, "sampled drafts are not extended"
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_extended_draft_tree_greedy_equals_plain_decoding_and_batches_alike(arch):
+    """Extension on: greedy outputs equal plain decoding, extension nodes get accepted (MAT
+    above the fixed depth's cap), and a batch of sequences drafts exactly as each alone."""
+    model = TINY_MODELS[arch]()
+    draft = perturbed(model, scale=0.02)
+    vocab = model.config.vocab_size
+    target = HFTarget(model)
+    options = GraftOptions(depth=2, top_k=2, extend=6, extend_min=0.0)  # tiny random models are unconfident
+    drafters, composer = build_graft_method("draft-tree", target, options, draft_model=draft)
+    engine = SpecEngine(target, drafters, composer, method="draft-tree")
+    config = GenerationConfig(max_new_tokens=MAX_NEW, budget=12)
+    prompts = make_prompts(N_PROMPTS, vocab)
+    deepest = 0
+    for prompt, _ in prompts:
+        seq = engine.start(prompt, config)
+        while not seq.done:
+            before = len(seq.context)
+            engine.step(seq)
+            deepest = max(deepest, len(seq.context) - before)
+        got = seq.context[len(prompt):]
+        engine.finish(seq)
+        assert got == hf_greedy(model, prompt, MAX_NEW), f"{arch}/extended draft-tree diverged from plain greedy on {prompt}"
+    assert deepest > 3, f"{arch}: no step accepted past depth 2 (+ bonus): the extension never paid ({deepest})"
+    seqs = [engine.start(p, config) for p, _ in prompts[:4]]
+    while not all(s.done for s in seqs):
+        engine.step_batch(seqs)
+    for s, (p, _) in zip(seqs, prompts[:4]):
+        assert s.context[len(p):len(p) + MAX_NEW] == hf_greedy(model, p, MAX_NEW)
+        engine.finish(s)
 
 
 def peaked_table(peak: float, vocab: int, low: int = 0, high: int | None = None) -> Callable[[tuple[int, ...]], torch.Tensor]:

@@ -114,6 +114,8 @@ class BenchConfig:
     sample_drafts: bool = False
     """``draft-tree`` and the Graft variants sample draft children at ``temperature`` (> 0) and
     verify by rejection sampling (``GraftOptions.sample_drafts``)."""
+    draft_extend: int | None = None
+    """Extension forwards of the draft tree past its depth (``GraftOptions.extend``); None = the preset's."""
     warmup_tokens: int = 16
     """New tokens of each method's warm-up generation."""
     device: str = "auto"
@@ -257,7 +259,8 @@ class BenchConfig:
     def method_options(self) -> MethodOptions:
         """The options every registry method is built with."""
         graft = GraftOptions(
-            draft_model=self.draft_model, draft_dtype=self.dtype, draft_quant=self.draft_quant, preset=self.preset, calibration=self.calibration
+            draft_model=self.draft_model, draft_dtype=self.dtype, draft_quant=self.draft_quant, preset=self.preset, calibration=self.calibration,
+            extend=self.draft_extend,
         )
         if self.sample_drafts:
             graft = with_sampled_drafts(graft, self.temperature)
@@ -274,7 +277,7 @@ class BenchConfig:
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "resolved_draft_quant", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
                 "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape",
-                "vllm_spec_tokens", "row_cost")
+                "vllm_spec_tokens", "row_cost", "draft_extend")
         out = {k: getattr(self, k) for k in keep}
         out["datastores"] = list(self.datastores)  # as run.json stores it
         return out
@@ -315,6 +318,8 @@ class BenchConfig:
             parts += ["--preset", self.preset]
         if self.sample_drafts:
             parts += ["--sample-drafts"]
+        if self.draft_extend is not None:
+            parts += ["--draft-extend", str(self.draft_extend)]
         if self.device != "auto":
             parts += ["--device", self.device]
         if self.learning != "request":
@@ -462,7 +467,7 @@ def _session_id() -> str:
 _RECORDED_SINCE = {
     "resolved_draft_quant": lambda before: "none" if before.get("draft_model") else None,
     "preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None,
-    "vllm_spec_tokens": 5, "row_cost": None,
+    "vllm_spec_tokens": 5, "row_cost": None, "draft_extend": None,
 }
 
 

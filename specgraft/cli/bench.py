@@ -51,6 +51,11 @@ def bench(
         False, "--sample-drafts",
         help="draft-tree and graft variants sample draft children at --temperature (> 0) and verify by rejection sampling.",
     ),
+    draft_extend: Optional[int] = typer.Option(
+        None, "--draft-extend",
+        help="Most one-row draft forwards continuing the best draft path past the depth while the draft stays confident "
+        "(draft-tree, graft*; default: the preset's; 0 = off; recorded).",
+    ),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; recorded)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; recorded."),
     learning: str = typer.Option(
@@ -93,7 +98,7 @@ def bench(
         model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, draft_quant=draft_quant, per_task=per_task,
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
         threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
-        preset=preset, sample_drafts=sample_drafts, device=device, learning=learning, datastores=split_paths(datastore),
+        preset=preset, sample_drafts=sample_drafts, draft_extend=draft_extend, device=device, learning=learning, datastores=split_paths(datastore),
         reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens,
         row_cost=row_cost_value(row_cost, model, device, threads),
     )

@@ -42,6 +42,23 @@ a smaller draft share of the budget. ``c_d`` is computed from the distributions 
 ``d`` (``max_t S(parent) + log q(t | parent)``), which is eq. 6 exactly for top-k children and,
 for sampled children, keeps the decision independent of the sampled values (see below).
 
+**Extension** (``extend > 0``; HF's assisted generation drafts a chain of up to 20 tokens while
+the draft's confidence holds, and on long exact code continuations a depth-4 tree leaves those
+tokens to later steps). When drafting reached ``depth`` ungated, the best node of the last
+layer is fed alone and its most likely child appended, then that child, and so on, for at most
+``extend`` one-row forwards, while the path's draft probability ``exp(S)`` of the node to feed
+is at least ``extend_min`` and its child could enter the ``budget`` best nodes of the pool
+(else the trim would drop the child and the forward would be wasted). Extension nodes have path
+scores like any other node, so the trim to the budget compares them with the tree's other
+nodes (EAGLE-2's reranking): a confident chain displaces unlikely siblings. Worked example,
+budget 8, depth 4: the best depth-4 node has ``S = log 0.6``; fed, its top child has
+``q = 0.9`` (``S = log 0.54``), then ``0.95`` (``log 0.51``), then ``0.5`` (``log 0.26 < log
+0.3``): two extension forwards, three extension nodes (the last one unexpanded), and the 8 nodes
+kept are the best 8 of the 14 + 3 drafted. Only top-k drafting extends (in sampling mode the
+chain's children would have to be fresh draws whose number does not depend on their values; a
+sampled generation with deterministic drafts is verified by sample-and-match, exact for any
+tree). The rule does not depend on the target, so greedy outputs equal ``ar`` as before.
+
 **Sampling mode** (``sample=True``, in a sampling generation). Each expanded node's children
 are the distinct values of ``top_k`` i.i.d. draws from ``q``, the draft's distribution shaped
 by the generation's own sampling config (temperature, top-k, top-p: ``verify.target_probs``,
@@ -122,10 +139,20 @@ class DraftTreeConfig:
     seed: int = 0
     """Offset of each sequence's draft-sampler seed from its generation's sampling seed
     (sampling mode; see :meth:`DraftModelDrafter.begin`)."""
+    extend: int = 0
+    """Most one-row draft forwards that continue the best path past ``depth`` (module
+    docstring, *Extension*); 0 = the fixed-depth tree."""
+    extend_min: float = 0.3
+    """An extension continues only while the path's draft probability ``exp(S)`` is at least
+    this (and the node would survive the trim to the budget)."""
 
     def __post_init__(self) -> None:
         if self.depth < 1:
             raise ValueError(f"depth must be >= 1, got {self.depth}")
+        if not isinstance(self.extend, int) or self.extend < 0:
+            raise ValueError(f"extend must be an integer >= 0, got {self.extend!r}")
+        if not 0.0 <= self.extend_min <= 1.0:
+            raise ValueError(f"extend_min must lie in [0, 1], got {self.extend_min}")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -152,11 +179,15 @@ class DraftPreset:
     budget: int
     """The verification budget this preset is meant for: a generation that gives no budget
     verifies this many nodes per step (``methods.graft.preset_budget``)."""
+    extend: int = 0
+    """Extension forwards past ``depth`` (``DraftTreeConfig.extend``)."""
 
 
 PRESETS: dict[str, DraftPreset] = {
     "gpu": DraftPreset(depth=8, top_k=10, checkpoints=(0, 1, 5), thresholds=(0.14, 0.14, 0.49), budget=60),
-    "cpu": DraftPreset(depth=4, top_k=2, checkpoints=(0, 1, 2), thresholds=(0.14, 0.14, 0.49), budget=8),
+    # extend=8: on the 9 tuning prompts (AMD EPYC Zen 4, 1.5B fp32 target, int8 0.5B draft, 96
+    # tokens) graft-prune went from 2.06x to 2.28x `ar`, MAT 4.00 -> 5.30 (benchmarks/RESULTS.md)
+    "cpu": DraftPreset(depth=4, top_k=2, checkpoints=(0, 1, 2), thresholds=(0.14, 0.14, 0.49), budget=8, extend=8),
 }
 
 
@@ -317,7 +348,7 @@ class DraftModelDrafter(StatelessDrafter):
                 self.lm.discard(state.slot)
             state.proposal = None
             return ModelDraft(source=self.name, tokens=[], parents=[])
-        return trim(self.draft_pool(state, context), budget)
+        return trim(self.draft_pool(state, context, budget), budget)
 
     def _now(self) -> float:
         synchronize(self.lm.device)
@@ -338,7 +369,7 @@ class DraftModelDrafter(StatelessDrafter):
             if budget <= 0:
                 drafts[b] = self.propose(state, context, budget)
                 continue
-            runs[b] = self._draft_steps(state, context)
+            runs[b] = self._draft_steps(state, context, budget)
             self._advance(b, runs, requests, drafts, None)
         while requests:
             order = list(requests)
@@ -360,9 +391,10 @@ class DraftModelDrafter(StatelessDrafter):
             drafts[b] = done.value
             del runs[b]
 
-    def draft_pool(self, state: DraftState, context: Sequence[int]) -> ModelDraft:
-        """Every drafted node, layer after layer, before trimming to a budget."""
-        run = self._draft_steps(state, context)
+    def draft_pool(self, state: DraftState, context: Sequence[int], budget: int | None = None) -> ModelDraft:
+        """Every drafted node, layer after layer, before trimming to a budget (``budget``, when
+        given, only bounds the extension: a node the trim would drop is not extended)."""
+        run = self._draft_steps(state, context, budget)
         out: RowsOutput | None = None
         while True:
             try:
@@ -373,7 +405,7 @@ class DraftModelDrafter(StatelessDrafter):
             out = self.lm.forward_rows(state.slot, rows.tokens, rows.parents)
             state.forward_s.append(self._now() - t0)
 
-    def _draft_steps(self, state: DraftState, context: Sequence[int]) -> Generator[_Rows, RowsOutput, ModelDraft]:
+    def _draft_steps(self, state: DraftState, context: Sequence[int], budget: int | None = None) -> Generator[_Rows, RowsOutput, ModelDraft]:
         """The drafting of one proposal as a coroutine: it yields each draft forward it needs
         (:class:`_Rows`), is sent that forward's output, and returns the pool of nodes. The
         drivers (:meth:`draft_pool` one sequence, :meth:`propose_batch` many) run the forwards
@@ -449,7 +481,44 @@ class DraftModelDrafter(StatelessDrafter):
             frontier_nodes, frontier_scores = node_ids[order], flat[order]
             expanded.append((frontier_nodes, frontier_rows))
             log_q, q = self._distribution(state, out.logits)
+        room = min(cfg.extend, lm.max_positions - len(context) - 1 - depth)
+        if room > 0 and stage is None and q is None and layer == depth:
+            # Extension: continue the best leaf's path one node per forward (module docstring)
+            flat = scores.flatten()
+            best = int(flat.argmax())
+            node, score = int(node_ids[best]), flat[best : best + 1]
+            token, parent_row = kids.flatten()[best : best + 1], frontier_rows[best // k : best // k + 1]
+            pool = torch.cat([s for _, _, s, *_ in layers])
+            for _ in range(room):
+                if not self._worth_extending(float(score), pool, budget):
+                    break
+                out = yield _Rows(token, parent_row)
+                parent_row = torch.tensor([rows_fed], device=dev)
+                rows_fed += 1
+                expanded.append((torch.tensor([node], device=dev), parent_row))
+                top = torch.log_softmax(out.logits[-1:].float(), dim=-1).max(dim=-1)
+                token, score = top.indices, score + top.values
+                layers.append((token, torch.tensor([node], device=dev), score, None, torch.ones(1, dtype=torch.bool, device=dev)))
+                pool = torch.cat([pool, score])
+                node, n_nodes = n_nodes, n_nodes + 1
         return self._to_host(state, layers, q_tables, expanded, root_row, stage, confidences)
+
+    def _worth_extending(self, score: float, pool: torch.Tensor, budget: int | None) -> bool:
+        """Whether to feed the path's last node (path score ``score``, already in ``pool``) for
+        a child: its path probability reaches ``extend_min``, and its child (which scores at
+        most ``score``) could still enter the ``budget`` best nodes: the pool has room, or the
+        node scores above the ``budget``-th best, which the child would displace.
+
+        >>> d = DraftModelDrafter.__new__(DraftModelDrafter); d.config = DraftTreeConfig(extend=4, extend_min=0.3)
+        >>> pool = torch.tensor([-0.1, -0.2, -0.9, -1.0])
+        >>> [d._worth_extending(-0.9, pool, b) for b in (None, 2, 3, 4, 5)], d._worth_extending(-1.5, pool, None)
+        ([True, False, False, True, True], False)
+        """
+        if math.exp(score) < self.config.extend_min:
+            return False
+        if budget is None or pool.numel() < budget:
+            return True
+        return score > float(torch.topk(pool, budget).values[-1])
 
     def _to_host(
         self,

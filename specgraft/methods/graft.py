@@ -65,6 +65,11 @@ class GraftOptions:
     """Override the preset's draft depth (draft forwards per step)."""
     top_k: int | None = None
     """Override the preset's top-k."""
+    extend: int | None = None
+    """Override the preset's extension: one-row draft forwards that continue the best path past
+    the depth while the draft stays confident (``DraftTreeConfig.extend``; 0 = off)."""
+    extend_min: float | None = None
+    """Override the path probability an extension needs to continue (``DraftTreeConfig.extend_min``)."""
     calibration: str | None = None
     """Calibration JSON from ``specgraft calibrate`` (thresholds + warmed-up successor matrix)."""
     thresholds: tuple[float, ...] | None = None
@@ -90,6 +95,8 @@ class GraftOptions:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.extend is not None and (not isinstance(self.extend, int) or self.extend < 0):
+            raise ValueError(f"extend must be an integer >= 0, got {self.extend!r}")
         if self.thresholds is not None:
             object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
 
@@ -309,6 +316,8 @@ def build_graft_method(
     draft_config = DraftTreeConfig(
         depth=options.depth or preset.depth,
         top_k=options.top_k or preset.top_k,
+        extend=preset.extend if options.extend is None else options.extend,
+        **({} if options.extend_min is None else {"extend_min": options.extend_min}),
         checkpoints=checkpoints if config.gated else (),
         thresholds=thresholds,
         sample=options.sample_drafts,
