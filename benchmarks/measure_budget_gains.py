@@ -108,6 +108,7 @@ def main() -> None:
 
     from specgraft.bench.runner import conversation_ids
     from specgraft.config import GenerationConfig
+    from specgraft.drafters.draft_model import get_preset
 
     parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--methods", default=",".join(BUDGETS))
@@ -123,6 +124,7 @@ def main() -> None:
     ids = [conversation_ids(base.tokenizer, p.turns[:1], [], p.chat and has_template) for p in prompts]
     meta = {
         "model": args.model, "draft_model": args.draft_model, "draft_quant": args.draft_quant, "dtype": str(base.target.dtype).replace("torch.", ""), "preset": "cpu",
+        "extend": get_preset("cpu").extend,  # derived_budget refuses draft-model trees extended otherwise
         "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens, "greedy": True, "measured": time.strftime("%Y-%m-%d"),
         "what": "per budget, over every prompt: steps, tokens emitted, nodes verified, drafting seconds; plain_step_s: "
                 "the target's one-row forward as `specgraft profile` measures T(1, 1), on the machine that measured",

@@ -23,7 +23,7 @@ from specgraft.tree.paths import best_first
 from specgraft.engine import SpecEngine
 from specgraft.methods.graft import GraftOptions, build_graft_method
 from specgraft.models.hf import HFTarget
-from specgraft.types import DraftTree, StepResult
+from specgraft.types import DraftTree, StepResult, VerifyResult
 from specgraft.verify import verify_rejection
 
 from tests.conftest import TINY_MODELS, tiny_llama
@@ -204,6 +204,37 @@ def test_extension_continues_the_best_path_while_it_is_confident():
         GraftOptions(extend=-2)
     with pytest.raises(ValueError, match="extend_min must lie in"):
         DraftTreeConfig(extend_min=1.5)
+
+
+def test_extension_cap_follows_what_the_target_accepted():
+    # a confident chain (0.95 per token): depth 2, then up to `extend` extension nodes
+    lm = TableLM(chain_table({t: 0.95 for t in range(16)}), 16)
+    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=1, extend=4, extend_adapt=True))
+    state = begin(drafter, [0])
+    assert state.extend_cap == 4
+
+    def step(context: list[int], accept: int, bonus: int) -> tuple[list[int], list[int]]:
+        draft = drafter.propose(state, context, budget=16)
+        tree = DraftTree(tokens=draft.tokens, parents=draft.parents, sources=["draft"] * len(draft.tokens))
+        new = [*draft.tokens[:accept], bonus]
+        drafter.observe(state, StepResult(context[-1], tree, VerifyResult(list(range(accept)), bonus), None, context + new))
+        return draft.tokens, context + new
+
+    tokens, context = step([0], accept=2, bonus=9)
+    assert tokens == [1, 2, 3, 4, 5, 6], "the full extension: 4 nodes past depth 2"
+    assert state.extend_cap == 1, "none of the chain accepted: one node next time"
+    tokens, context = step(context, accept=3, bonus=3)
+    assert tokens == [10, 11, 12] and state.extend_cap == 3, "the chain accepted: +2"
+    tokens, context = step(context, accept=4, bonus=9)
+    assert tokens == [4, 5, 6, 7, 8] and state.extend_cap == 2, "2 of 3 rejected: one past the accepted one"
+    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=1, extend=4))  # the default: no adaptation
+    state = begin(drafter, [0])
+    tokens, context = step([0], accept=2, bonus=9)
+    assert tokens == [1, 2, 3, 4, 5, 6] and state.extend_cap == 4
+    tokens, context = step(context, accept=0, bonus=3)
+    assert tokens == [10, 11, 12, 13, 14, 15], "a rejected chain changes nothing: always 4"
+    with pytest.raises(ValueError, match="extend_adapt must be a bool"):
+        DraftTreeConfig(extend_adapt=1)
 
 
 def test_extension_is_skipped_when_gated_or_sampled():

@@ -84,7 +84,8 @@ def test_pld_row_cost_follows_the_device():
     assert proposed(min_prob=0.0, row_cost=0.005) == 6  # nearly free rows: both three-token copies
 
 
-def test_cost_table_row_cost_and_resolution(tmp_path):
+def test_cost_table_row_cost_and_resolution(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path / "cache"))  # no user table shadows the shipped one
     table = CostTable("m", "cpu", {1: {1: 0.30, 2: 0.33, 4: 0.36, 8: 0.48}, 4: {1: 0.5, 2: 0.7, 4: 1.1, 8: 1.9}})
     assert 0.05 < table.row_cost(1) < 0.1 and table.row_cost(4) > table.row_cost(1)
     assert table.row_cost(1) < table.row_cost(2) < table.row_cost(4)  # batch size 2 interpolated

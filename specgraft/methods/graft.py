@@ -70,6 +70,8 @@ class GraftOptions:
     the depth while the draft stays confident (``DraftTreeConfig.extend``; 0 = off)."""
     extend_min: float | None = None
     """Override the path probability an extension needs to continue (``DraftTreeConfig.extend_min``)."""
+    extend_adapt: bool | None = None
+    """Override whether each sequence's extension adapts to its accepted chains (``DraftTreeConfig.extend_adapt``)."""
     calibration: str | None = None
     """Calibration JSON from ``specgraft calibrate`` (thresholds + warmed-up successor matrix)."""
     thresholds: tuple[float, ...] | None = None
@@ -318,6 +320,7 @@ def build_graft_method(
         top_k=options.top_k or preset.top_k,
         extend=preset.extend if options.extend is None else options.extend,
         **({} if options.extend_min is None else {"extend_min": options.extend_min}),
+        **({} if options.extend_adapt is None else {"extend_adapt": bool(options.extend_adapt)}),
         checkpoints=checkpoints if config.gated else (),
         thresholds=thresholds,
         sample=options.sample_drafts,
