@@ -655,20 +655,19 @@ class DraftModelDrafter(StatelessDrafter):
         proposal, state.proposal = state.proposal, None
         if proposal is None:
             return
-        path_rows: list[int] = []
-        node = -1
+        # the accepted path through this drafter's pool; its leading nodes that were fed have rows
+        path: list[int] = []
         for i in step.verify.accepted:
-            child = proposal.index.get((node, step.tree.tokens[i]))
-            if child is None or child not in proposal.rows:
+            child = proposal.index.get((path[-1] if path else -1, step.tree.tokens[i]))
+            if child is None:
                 break
-            path_rows.append(proposal.rows[child])
-            node = child
+            path.append(child)
+        path_rows: list[int] = []
+        for node in path:
+            if node not in proposal.rows:
+                break
+            path_rows.append(proposal.rows[node])
         self.lm.commit(state.slot, [*range(proposal.root_row + 1), *path_rows])
         if proposal.extension is not None and self.config.extend_adapt:
-            reached, node = 0, -1
-            for i in step.verify.accepted:
-                node = proposal.index.get((node, step.tree.tokens[i]))
-                if node is None:
-                    break
-                reached += 1
+            reached = len(path)
             state.extend_cap = next_extend_cap(state.extend_cap, self.config.extend, *proposal.extension, reached)
