@@ -3,6 +3,7 @@
 shipped gains, where the derivation applies and where the fixed defaults stay, and that a
 derived budget changes the speed only (greedy outputs equal ``ar``)."""
 
+import dataclasses
 import json
 import random
 
@@ -115,7 +116,9 @@ def test_method_budget_uses_the_table_where_it_applies(tmp_path):
     for name in METHODS:
         assert method_budget(name, fixed) == fixed_budget(name, fixed)
         assert method_budget(name, MethodOptions()) == fixed_budget(name, fixed), "an unresolved 'auto' keeps the fixed defaults"
-    unextended = GraftOptions(extend=0)  # the tree the draft-model gains were measured with
+    meta = gains_meta()
+    # the tree the draft-model gains were measured with
+    unextended = GraftOptions(extend=meta.get("extend", 0), stop_min=meta.get("stop_min", 0.0))
     for name in ("pld", "recycling", "draft-tree", "graft-prune"):
         on_cpu = derived_budget(name, MethodOptions(cost_table=cpu, graft=unextended))
         on_gpu = derived_budget(name, MethodOptions(cost_table=gpu, graft=unextended))
@@ -128,8 +131,9 @@ def test_method_budget_uses_the_table_where_it_applies(tmp_path):
         ("reader", MethodOptions(cost_table=cpu)),
         ("graft", MethodOptions(cost_table=cpu, graft=GraftOptions(preset="gpu"))),
         ("draft-tree", MethodOptions(cost_table=cpu, graft=GraftOptions(depth=6))),
-        ("draft-tree", MethodOptions(cost_table=cpu)),  # the cpu preset extends its trees; the gains did not
-        ("graft", MethodOptions(cost_table=cpu, graft=GraftOptions(extend=4))),
+        # another extension or early stop than the gains were measured with
+        ("graft", MethodOptions(cost_table=cpu, graft=dataclasses.replace(unextended, extend=unextended.extend + 1))),
+        ("draft-tree", MethodOptions(cost_table=cpu, graft=dataclasses.replace(unextended, stop_min=0.5 - unextended.stop_min / 2))),
         ("graft-prune", MethodOptions(cost_table=cpu, graft=GraftOptions(calibration="benchmarks/calib/graft-int8.json"))),
     ]:
         assert derived_budget(name, options) is None

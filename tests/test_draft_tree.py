@@ -250,6 +250,55 @@ def test_extension_is_skipped_when_gated_or_sampled():
     assert lm.forwards == 2 and len(pool.layer_sizes) == 2, "sampled drafts are not extended"
 
 
+def assert_batch_equals_plain(engine: SpecEngine, model, prompts: list, config: GenerationConfig) -> None:
+    """Sequences stepped together (one draft forward per layer for all) give plain greedy outputs."""
+    seqs = [engine.start(p, config) for p in prompts]
+    while not all(s.done for s in seqs):
+        engine.step_batch(seqs)
+    for s, p in zip(seqs, prompts):
+        assert s.context[len(p):len(p) + MAX_NEW] == hf_greedy(model, p, MAX_NEW)
+        engine.finish(s)
+
+
+def test_early_stop_skips_the_layers_under_an_unlikely_path():
+    # root 0 -> 1 (0.9) -> 2 (0.6) -> 3 (0.6) -> 4 (0.6) ...: the best path's probability
+    # after each layer is 0.9, 0.54, 0.324, 0.194 (top-1: one node per layer)
+    lm = TableLM(chain_table({t: 0.9 if t == 0 else 0.6 for t in range(16)}), 16)
+    for stop_min, forwards in [(0.0, 4), (0.2, 4), (0.4, 3), (0.6, 2), (0.95, 1)]:
+        drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=4, top_k=1, stop_min=stop_min, extend=4, extend_min=0.0))
+        lm.forwards = 0
+        pool = drafter.draft_pool(begin(drafter, [0]), [0])
+        extended = forwards == 4  # the full depth reached: the extension runs
+        assert lm.forwards == forwards + (4 if extended else 0), f"stop_min {stop_min}"
+        assert pool.tokens == [1, 2, 3, 4, 5, 6, 7, 8][: forwards + (4 if extended else 0)]
+        assert pool.stage is None, "an early stop is not a Graft stage (the budget share stays)"
+    # sampled drafts never stop early (their children lists must not depend on drawn values)
+    sampled = DraftModelDrafter(lm, DraftTreeConfig(depth=3, top_k=1, sample=True, stop_min=0.95))
+    lm.forwards = 0
+    sampled.draft_pool(begin(sampled, [0], sampling_config(temperature=1.0, seed=3)), [0])
+    assert lm.forwards == 3
+    with pytest.raises(ValueError, match="stop_min must lie in"):
+        DraftTreeConfig(stop_min=-0.1)
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_early_stopped_draft_tree_greedy_equals_plain_decoding(arch):
+    """Early stop on (tiny random models are unconfident, so a small bound stops most trees
+    after one or two layers): greedy outputs equal plain decoding, single and batched."""
+    model = TINY_MODELS[arch]()
+    draft = perturbed(model, scale=0.02)
+    target = HFTarget(model)
+    options = GraftOptions(depth=3, top_k=2, extend=4, extend_min=0.0, stop_min=0.02)
+    drafters, composer = build_graft_method("draft-tree", target, options, draft_model=draft)
+    assert drafters[0].config.stop_min == 0.02
+    engine = SpecEngine(target, drafters, composer, method="draft-tree")
+    config = GenerationConfig(max_new_tokens=MAX_NEW, budget=8)
+    prompts = make_prompts(N_PROMPTS, model.config.vocab_size)
+    for prompt, _ in prompts:
+        assert engine.generate_ids(prompt, config) == hf_greedy(model, prompt, MAX_NEW), f"{arch}: diverged on {prompt}"
+    assert_batch_equals_plain(engine, model, [p for p, _ in prompts[:4]], config)
+
+
 @pytest.mark.parametrize("arch", sorted(TINY_MODELS))
 def test_extended_draft_tree_greedy_equals_plain_decoding_and_batches_alike(arch):
     """Extension on: greedy outputs equal plain decoding, extension nodes get accepted (MAT
@@ -258,7 +307,7 @@ def test_extended_draft_tree_greedy_equals_plain_decoding_and_batches_alike(arch
     draft = perturbed(model, scale=0.02)
     vocab = model.config.vocab_size
     target = HFTarget(model)
-    options = GraftOptions(depth=2, top_k=2, extend=6, extend_min=0.0)  # tiny random models are unconfident
+    options = GraftOptions(depth=2, top_k=2, extend=6, extend_min=0.0, stop_min=0.0)  # tiny random models are unconfident
     drafters, composer = build_graft_method("draft-tree", target, options, draft_model=draft)
     engine = SpecEngine(target, drafters, composer, method="draft-tree")
     config = GenerationConfig(max_new_tokens=MAX_NEW, budget=12)
@@ -274,12 +323,7 @@ def test_extended_draft_tree_greedy_equals_plain_decoding_and_batches_alike(arch
         engine.finish(seq)
         assert got == hf_greedy(model, prompt, MAX_NEW), f"{arch}/extended draft-tree diverged from plain greedy on {prompt}"
     assert deepest > 3, f"{arch}: no step accepted past depth 2 (+ bonus): the extension never paid ({deepest})"
-    seqs = [engine.start(p, config) for p, _ in prompts[:4]]
-    while not all(s.done for s in seqs):
-        engine.step_batch(seqs)
-    for s, (p, _) in zip(seqs, prompts[:4]):
-        assert s.context[len(p):len(p) + MAX_NEW] == hf_greedy(model, p, MAX_NEW)
-        engine.finish(s)
+    assert_batch_equals_plain(engine, model, [p for p, _ in prompts[:4]], config)
 
 
 def peaked_table(peak: float, vocab: int, low: int = 0, high: int | None = None) -> Callable[[tuple[int, ...]], torch.Tensor]:

@@ -126,7 +126,7 @@ def stub_method(variant: str, preset: str, thresholds):
     (so ``c_d = 0.5 ** (d + 1)``), drafting tokens below 2048, with a matrix of tokens >= 2048:
     retrieved nodes never coincide with draft nodes, so the counts below are exact."""
     lm = TableLM(peaked_table(0.5, STUB_VOCAB, 0, 2048), STUB_VOCAB)
-    options = GraftOptions(preset=preset, thresholds=thresholds)
+    options = GraftOptions(preset=preset, thresholds=thresholds, stop_min=0.0)  # the stages alone: no early stop
     drafters, composer = build_graft_method(variant, Vocab(STUB_VOCAB), options, draft_model=lm)
     if len(drafters) > 1:
         drafters[1].matrix.table[:] = 2048 + (np.arange(STUB_VOCAB)[:, None] * 8 + np.arange(8)) % 2048
@@ -195,7 +195,7 @@ def test_graft_variants_greedy_equal_plain_decoding(arch):
     config = GenerationConfig(max_new_tokens=MAX_NEW, budget=16)
     target = HFTarget(model)
     for variant in GRAFT_ONLY:
-        options = GraftOptions(depth=3, top_k=4, thresholds=thresholds)
+        options = GraftOptions(depth=3, top_k=4, thresholds=thresholds, stop_min=0.0)  # the gates alone
         drafters, composer = build_graft_method(variant, target, options, draft_model=draft)
         recorder = StageRecorder(drafters[0])
         engine = SpecEngine(target, [recorder, *drafters[1:]], composer, method=variant)

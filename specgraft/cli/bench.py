@@ -56,6 +56,11 @@ def bench(
         help="Most one-row draft forwards continuing the best draft path past the depth while the draft stays confident "
         "(draft-tree, graft*; default: the preset's; 0 = off; recorded).",
     ),
+    draft_stop_min: Optional[float] = typer.Option(
+        None, "--draft-stop-min",
+        help="The draft tree stops drafting deeper layers when its best new path's draft probability is below this "
+        "(draft-tree, graft*; default: the preset's; 0 = always the full depth; recorded).",
+    ),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; recorded)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; recorded."),
     learning: str = typer.Option(
@@ -98,7 +103,7 @@ def bench(
         model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, draft_quant=draft_quant, per_task=per_task,
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
         threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
-        preset=preset, sample_drafts=sample_drafts, draft_extend=draft_extend, device=device, learning=learning, datastores=split_paths(datastore),
+        preset=preset, sample_drafts=sample_drafts, draft_extend=draft_extend, draft_stop_min=draft_stop_min, device=device, learning=learning, datastores=split_paths(datastore),
         reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens,
         row_cost=row_cost_value(row_cost, model, device, threads),
     )

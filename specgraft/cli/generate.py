@@ -178,6 +178,11 @@ DRAFT_EXTEND = typer.Option(
     help="Most one-row draft forwards continuing the best draft path past the depth while the draft stays confident "
     "(default: the preset's; 0 = off).",
 )
+DRAFT_STOP_MIN = typer.Option(
+    None, "--draft-stop-min",
+    help="The draft tree stops drafting deeper layers when its best new path's draft probability is below this "
+    "(default: the preset's; 0 = always the full depth).",
+)
 LEARNING = typer.Option("request", help="request (default) or shared: see `specgraft.drafters.base.Learning`.")
 DATASTORE = typer.Option(None, "--datastore", help="Datastore directory for reader (repeat or comma list; `specgraft datastore build`).")
 READER_SHAPE = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune`.")
@@ -229,6 +234,7 @@ def method_options(
     row_cost: Optional[float] = None,
     cost_table: Optional[str] = "auto",
     draft_extend: Optional[int] = None,
+    draft_stop_min: Optional[float] = None,
 ) -> MethodOptions:
     """The :class:`MethodOptions` of the options above; ``sample_drafts_at``: sample draft children
     at this temperature (``--sample-drafts``); ``draft_quant``: the draft model's numerics."""
@@ -236,7 +242,7 @@ def method_options(
 
     graft = GraftOptions(
         draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant, preset=preset, depth=draft_depth, top_k=draft_top_k,
-        extend=draft_extend, calibration=calibration,
+        extend=draft_extend, stop_min=draft_stop_min, calibration=calibration,
     )
     if sample_drafts_at is not None:
         graft = with_sampled_drafts(graft, sample_drafts_at)
@@ -307,6 +313,7 @@ def generate(
     draft_depth: Optional[int] = DRAFT_DEPTH,
     draft_top_k: Optional[int] = DRAFT_TOP_K,
     draft_extend: Optional[int] = DRAFT_EXTEND,
+    draft_stop_min: Optional[float] = DRAFT_STOP_MIN,
     draft_quant: str = draft_quant_option(),
     threads: Optional[int] = THREADS,
     device: str = DEVICE,
@@ -322,6 +329,7 @@ def generate(
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore,
         reader_shape=reader_shape, sample_drafts_at=temperature if sample_drafts else None, draft_quant=draft_quant,
         row_cost=row_cost_value(row_cost, model, device, threads), cost_table=cost_table, draft_extend=draft_extend,
+        draft_stop_min=draft_stop_min,
     )
     run_generate(
         prompt, model, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

@@ -70,6 +70,9 @@ class GraftOptions:
     the depth while the draft stays confident (``DraftTreeConfig.extend``; 0 = off)."""
     extend_min: float | None = None
     """Override the path probability an extension needs to continue (``DraftTreeConfig.extend_min``)."""
+    stop_min: float | None = None
+    """Override the path probability below which the tree stops drafting deeper layers
+    (``DraftTreeConfig.stop_min``; 0 = always the full depth)."""
     extend_adapt: bool | None = None
     """Override whether each sequence's extension adapts to its accepted chains (``DraftTreeConfig.extend_adapt``)."""
     calibration: str | None = None
@@ -320,6 +323,7 @@ def build_graft_method(
         top_k=options.top_k or preset.top_k,
         extend=preset.extend if options.extend is None else options.extend,
         **({} if options.extend_min is None else {"extend_min": options.extend_min}),
+        stop_min=preset.stop_min if options.stop_min is None else options.stop_min,
         **({} if options.extend_adapt is None else {"extend_adapt": bool(options.extend_adapt)}),
         checkpoints=checkpoints if config.gated else (),
         thresholds=thresholds,

@@ -259,7 +259,7 @@ def derived_budget(name: str, options: MethodOptions):
     ``options.cost_table``, or None where the fixed default applies: no table (None, or
     ``"auto"`` not resolved yet), no measured gains for the method (``ar``, READER), or a
     draft-model method whose tree differs from the one the gains were measured with (another
-    preset, depth, top-k or extension) or that gates on a Graft calibration fitted at the preset's budget."""
+    preset, depth, top-k, extension or early stop) or that gates on a Graft calibration fitted at the preset's budget."""
     spec = get_method(name)
     if options.cost_table in (None, "auto") or name in READER_METHODS:
         return None
@@ -272,8 +272,12 @@ def derived_budget(name: str, options: MethodOptions):
         from specgraft.drafters.draft_model import get_preset
 
         g, meta = options.graft, gains_meta()
-        extend = get_preset(g.preset).extend if g.extend is None else g.extend
+        preset = get_preset(g.preset)
+        extend = preset.extend if g.extend is None else g.extend
+        stop_min = preset.stop_min if g.stop_min is None else g.stop_min
         if g.calibration or g.depth or g.top_k or g.preset != meta.get("preset", "cpu") or extend != meta.get("extend", 0):
+            return None
+        if stop_min != meta.get("stop_min", 0.0):
             return None
     return derive_budget(name, CostTable.load(options.cost_table), table=Path(options.cost_table).name, anchor=fixed_budget(name, options))
 
