@@ -22,7 +22,7 @@ One proposal, for the root token ``r`` (the last committed token):
    its parent (``S`` never increases along a path, so this is the plain top-``budget``).
 
 Token ids, parent rows and scores stay on the model's device while the layers are drafted; the
-tree comes to the host once per proposal, plus one scalar per confidence checkpoint (a gate
+tree comes to the host once per proposal, plus one scalar per layer with an early stop and per confidence checkpoint (a gate
 decides on the host whether to run the next forward) and, with sampled drafts, the number of
 distinct children per layer. The per-forward timers (``DraftState.forward_s``, which
 calibration reads) synchronise on CUDA.
