@@ -1,6 +1,6 @@
 """Draft-model methods against HF assisted generation on short answers, forwards counted (issue 14).
 
-Loads the target and the int8 draft once; for each prompt (first turns, chat template, greedy,
+Loads the target and the draft (int8 on CPU: ``--draft-quant auto``) once; for each prompt (first turns, chat template, greedy,
 EOS stops as in ``specgraft bench``, ``--max-new-tokens``) it runs ``ar``, HF's
 ``generate(assistant_model=draft)`` and every variant (in an order that alternates from prompt
 to prompt), then ``ar`` again; the speedup is against the mean of the two ``ar`` runs. Beside
@@ -18,7 +18,6 @@ A variant is ``METHOD[:key=value...]`` as in ``measure_draft_extension.py``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -28,27 +27,22 @@ from pathlib import Path
 def main() -> None:
     import torch
 
+    from measure_budget_gains import load_base, model_arguments
     from measure_draft_extension import parse_variant
 
-    from specgraft.api import SpecDecoder
     from specgraft.bench.peers import HFPeer
     from specgraft.config import GenerationConfig
     from specgraft.drafters.draft_model import DraftModelDrafter
-    from specgraft.methods import GraftOptions, MethodOptions
+    from specgraft.methods import MethodOptions
     from specgraft.models.loading import load_draft_model
     from specgraft.suites import DATA_DIR, read_prompt_file
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--draft-quant", default="int8")
-    parser.add_argument("--threads", type=int, default=2)
+    parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="translation,qa")
     parser.add_argument("--per-task", type=int, default=3)
     parser.add_argument("--variants", default="draft-tree,graft-prune")
     parser.add_argument("--calibration", default="benchmarks/calib/graft-int8.json", help="For the gated (graft*) variants.")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -56,9 +50,9 @@ def main() -> None:
     for p in read_prompt_file(DATA_DIR / "spec_bench.jsonl", "spec-bench"):
         by_task.setdefault(p.task, []).append(p)
     prompts = [p for t in args.tasks.split(",") for p in by_task[t][40 : 40 + args.per_task]]
-    graft = GraftOptions(draft_model=args.draft_model, draft_quant=args.draft_quant, draft_dtype="float32")
-    base = SpecDecoder.from_pretrained(args.model, method="ar", dtype="float32", options=MethodOptions(graft=graft, cost_table=None), progress=False)
-    draft = load_draft_model(args.draft_model, "float32", base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=args.draft_quant)
+    base = load_base(args)
+    graft = base.options.graft
+    draft = load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=args.draft_quant)
 
     count = {"target_forwards": 0, "target_rows": 0, "draft_forwards": 0, "draft_rows": 0}
 
