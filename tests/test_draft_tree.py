@@ -250,6 +250,49 @@ def test_extension_is_skipped_when_gated_or_sampled():
     assert lm.forwards == 2 and len(pool.layer_sizes) == 2, "sampled drafts are not extended"
 
 
+def hashed_table(vocab: int = 12, seed: int = 0) -> Callable[[tuple[int, ...]], torch.Tensor]:
+    """A draft whose logits for each path are random (fixed per path and seed)."""
+
+    def fn(path: tuple[int, ...]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(hash((seed, path)) % (1 << 31))
+        return torch.randn(vocab, generator=g) * 2.0
+
+    return fn
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_small_budget_drafts_only_the_layers_it_can_keep(seed):
+    """``budget < depth``: the drafter drafts ``budget`` layers (gated drafts: as many as their
+    gates read) and the trimmed tree is the one the full depth gives, for top-k drafts, gated
+    drafts (same stage) and sampled drafts (same draws)."""
+    lm = TableLM(hashed_table(seed=seed), 12)
+    configs = [
+        DraftTreeConfig(depth=4, top_k=2, extend=4, extend_min=0.0),
+        DraftTreeConfig(depth=4, top_k=2, checkpoints=(0, 1, 2), thresholds=(0.05, 0.02, 0.01)),
+        DraftTreeConfig(depth=4, top_k=2, sample=True, seed=seed),
+    ]
+    for cfg in configs:
+        drafter = DraftModelDrafter(lm, cfg)
+        sampling = sampling_config(temperature=1.0, seed=seed) if cfg.sample else None
+        for budget in range(1, 7):
+            full_state = begin(drafter, [0, 1], sampling) if sampling else begin(drafter, [0, 1])
+            lm.forwards = 0
+            full = trim(drafter.draft_pool(full_state, [0, 1]), budget)
+            full_forwards = lm.forwards
+            state = begin(drafter, [0, 1], sampling) if sampling else begin(drafter, [0, 1])
+            lm.forwards = 0
+            capped = drafter.propose(state, [0, 1], budget)
+            assert (capped.tokens, capped.parents) == (full.tokens, full.parents), f"{cfg}, budget {budget}"
+            assert capped.stage == full.stage
+            if capped.draft_probs is not None:  # each node drawn from the same distribution
+                for i in range(len(capped)):
+                    torch.testing.assert_close(capped.draft_probs[capped.prob_rows[i]], full.draft_probs[full.prob_rows[i]])
+            if cfg.thresholds is not None:  # the gates read layers 1 .. 3
+                assert lm.forwards == min(full_forwards, max(budget, 3))
+            elif budget < 4:
+                assert lm.forwards == budget < full_forwards, "layers past the budget are not drafted"
+
+
 def assert_batch_equals_plain(engine: SpecEngine, model, prompts: list, config: GenerationConfig) -> None:
     """Sequences stepped together (one draft forward per layer for all) give plain greedy outputs."""
     seqs = [engine.start(p, config) for p in prompts]

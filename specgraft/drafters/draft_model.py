@@ -17,7 +17,8 @@ One proposal, for the root token ``r`` (the last committed token):
    each fed row sees the cache, its ancestors and itself), each contributing its ``top_k``
    most likely children. A node's path score is the cumulative log-probability
    ``S(child) = S(parent) + log q(child | path)`` (Graft eq. 5), so ``depth`` layers cost
-   ``depth`` forwards.
+   ``depth`` forwards. A tree of ``budget < depth`` nodes drafts only ``budget`` layers
+   (:func:`budget_depth`): deeper nodes could not survive the trim.
 3. **Rerank.** The ``budget`` best nodes by path score are kept, best-first, a node only after
    its parent (``S`` never increases along a path, so this is the plain top-``budget``).
 
@@ -252,6 +253,28 @@ def next_extend_cap(cap: int, most: int, depth: int, chain: int, reached: int) -
     return max(0, min(cap - 1, max(0, reached - depth) + 1))
 
 
+def budget_depth(config: DraftTreeConfig, depth: int, budget: int | None) -> int:
+    """The layers worth drafting for a ``budget``-node tree: ``min(depth, budget)``, but never
+    fewer than the gates need (``max(checkpoints) + 1`` layers when ``thresholds`` are set).
+
+    A node of layer ``d`` enters the trimmed tree only with its ``d - 1`` ancestors (best-first
+    by path score, which never rises along a path, a parent before its child on ties; sampled
+    drafts keep the first ``budget`` in creation order, layer after layer), so layers past the
+    budget never survive :func:`trim`, and neither does an extension hung from them: the
+    capped draft trims to the same tree with fewer draft forwards. Gated drafts keep the layers
+    their checkpoints read, so a gate decides the same stage as with the full depth.
+
+    >>> budget_depth(DraftTreeConfig(depth=4), 4, 2), budget_depth(DraftTreeConfig(depth=4), 4, 8), budget_depth(DraftTreeConfig(depth=4), 4, None)
+    (2, 4, 4)
+    >>> budget_depth(DraftTreeConfig(depth=4, checkpoints=(0, 1, 2), thresholds=(0.1, 0.1, 0.5)), 4, 1)
+    3
+    """
+    if budget is None:
+        return depth
+    gates = config.checkpoints[-1] + 1 if config.thresholds is not None and config.checkpoints else 0
+    return min(depth, max(budget, gates))
+
+
 def get_preset(name: str) -> DraftPreset:
     if name not in PRESETS:
         raise ValueError(f"unknown draft preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
@@ -458,7 +481,8 @@ class DraftModelDrafter(StatelessDrafter):
 
     def draft_pool(self, state: DraftState, context: Sequence[int], budget: int | None = None) -> ModelDraft:
         """Every drafted node, layer after layer, before trimming to a budget (``budget``, when
-        given, only bounds the extension: a node the trim would drop is not extended)."""
+        given, bounds the layers (:func:`budget_depth`) and the extension: a node the trim would
+        drop is neither drafted nor extended)."""
         run = self._draft_steps(state, context, budget)
         out: RowsOutput | None = None
         while True:
@@ -485,7 +509,8 @@ class DraftModelDrafter(StatelessDrafter):
         committed = lm.length(slot)
         if len(context) <= committed:
             raise ValueError(f"the context ({len(context)} tokens) is not a continuation of the {committed} the draft cached")
-        depth = min(cfg.depth, lm.max_positions - len(context) - 1)
+        full_depth = min(cfg.depth, lm.max_positions - len(context) - 1)
+        depth = budget_depth(cfg, full_depth, budget)
         if depth < 1:
             return ModelDraft(source=self.name, tokens=[], parents=[], checkpoints=cfg.checkpoints)
         dev = lm.device
@@ -548,7 +573,7 @@ class DraftModelDrafter(StatelessDrafter):
             frontier_nodes, frontier_scores = node_ids[order], flat[order]
             expanded.append((frontier_nodes, frontier_rows))
             log_q, q = self._distribution(state, out.logits)
-        eligible = cfg.extend > 0 and stage is None and q is None and layer == depth
+        eligible = cfg.extend > 0 and stage is None and q is None and layer == full_depth
         room = min(state.extend_cap if cfg.extend_adapt else cfg.extend, lm.max_positions - len(context) - 1 - depth)
         chain = 0
         if eligible and room > 0:
