@@ -293,60 +293,6 @@ def test_a_small_budget_drafts_only_the_layers_it_can_keep(seed):
                 assert lm.forwards == budget < full_forwards, "layers past the budget are not drafted"
 
 
-def test_side_nodes_add_likely_children_without_a_draft_forward():
-    # docstring example, depth 2, top-k 2: root -> a .6, b .3; a -> c .5, d .4; b -> e .9, f .05.
-    # Filler token 7 takes the rest of each row (1e-6 each otherwise); side=1 adds the third
-    # child of the root (7, path prob ~.1) and of each expanded node (a: 7 at .6 * .1)
-    def table(path: tuple[int, ...]) -> torch.Tensor:
-        probs = docstring_table(path).exp()
-        probs[7] = max(1e-6, 1.0 - float(probs[:7].sum()))
-        return probs.log()
-
-    lm = TableLM(table, 8)
-    plain = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=2))
-    base = plain.draft_pool(begin(plain, [0]), [0])
-    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=2, side=1))
-    lm.forwards = 0
-    pool = drafter.draft_pool(begin(drafter, [0]), [0])
-    assert lm.forwards == 2, "side nodes cost no draft forward"
-    assert pool.tokens[:6] == base.tokens and pool.layer_sizes == base.layer_sizes == [2, 4]
-    assert pool.tokens[6:] == [7, 7, 7] and pool.parents[6:] == [-1, 0, 1], "the third child of the root, a and b"
-    assert pool.scores[6] == pytest.approx(math.log(0.1), rel=1e-3)
-    # the trim ranks them with the rest: budget 6 keeps root's 7 (.1) over f (.3 * .05)
-    kept = trim(pool, 6)
-    assert (kept.tokens, kept.parents) == ([1, 2, 3, 4, 5, 7], [-1, -1, 0, 0, 1, -1])
-    # side_min drops the unlikely ones (a's 7: .6 * .1 = .06, b's 7: .3 * .05 = .015)
-    strict = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=2, side=1, side_min=0.08))
-    assert strict.draft_pool(begin(strict, [0]), [0]).tokens[6:] == [7]
-    # sampled drafts get none (their children lists are fresh draws)
-    sampled = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=2, side=2, sample=True))
-    assert len(sampled.draft_pool(begin(sampled, [0], sampling_config(temperature=1.0, seed=1)), [0]).tokens) <= 6
-    with pytest.raises(ValueError, match="side must be an integer >= 0"):
-        DraftTreeConfig(side=-1)
-    with pytest.raises(ValueError, match="side_min must lie in"):
-        DraftTreeConfig(side_min=2.0)
-    with pytest.raises(ValueError, match="side must be an integer >= 0"):
-        GraftOptions(side=-1)
-
-
-@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
-def test_draft_tree_with_side_nodes_greedy_equals_plain_decoding(arch):
-    """Side nodes on (with the extension and early stop): greedy outputs equal plain decoding,
-    single and batched, and the accepted side nodes are committed right in the draft's cache."""
-    model = TINY_MODELS[arch]()
-    draft = perturbed(model, scale=0.05)
-    target = HFTarget(model)
-    options = GraftOptions(depth=3, top_k=2, extend=2, extend_min=0.0, stop_min=0.05, side=3)
-    drafters, composer = build_graft_method("draft-tree", target, options, draft_model=draft)
-    assert drafters[0].config.side == 3
-    engine = SpecEngine(target, drafters, composer, method="draft-tree")
-    config = GenerationConfig(max_new_tokens=MAX_NEW, budget=10)
-    prompts = make_prompts(N_PROMPTS, model.config.vocab_size)
-    for prompt, _ in prompts:
-        assert engine.generate_ids(prompt, config) == hf_greedy(model, prompt, MAX_NEW), f"{arch}: diverged on {prompt}"
-    assert_batch_equals_plain(engine, model, [p for p, _ in prompts[:4]], config)
-
-
 def assert_batch_equals_plain(engine: SpecEngine, model, prompts: list, config: GenerationConfig) -> None:
     """Sequences stepped together (one draft forward per layer for all) give plain greedy outputs."""
     seqs = [engine.start(p, config) for p in prompts]

@@ -77,19 +77,6 @@ no calibration. Worked example, ``stop_min = 0.35``, top-k 1: layer 1 at ``q = 0
 at ``0.9 * 0.5 = 0.45``, layer 3 at ``0.225 < 0.35``: three forwards instead of four plus the
 extension. Top-k drafting only (sampled children lists must not depend on the drawn values).
 
-**Side nodes** (``side > 0``). Every draft forward already gives the whole next-token
-distribution of each row it fed, but the layers keep only the ``top_k`` most likely children of
-each expanded node. With ``side = s``, the children of ranks ``top_k + 1 .. top_k + s`` of every
-expanded node (the root included) whose path probability reaches ``side_min`` join the pool as
-leaves: never fed, so they cost no draft forward, and the trim ranks them with every other node,
-so they are verified only where they beat a deeper node for the budget. They matter most where
-the tree is thin: an early-stopped tree (an unsure draft) leaves its budget unused, and the
-target's token is then often the draft's third or fourth choice at the root. Worked example,
-the tree of the first worked example with ``side = 1``: the root's third child (say ``g`` at ``q = 0.06``), ``a``'s third
-(``0.6 * q``) and ``b``'s third join; with budget 8 the pool's 9 nodes are trimmed to the 8 best.
-Top-k drafting only (sampled children must be fresh draws whose number does not depend on
-their values).
-
 **Sampling mode** (``sample=True``, in a sampling generation). Each expanded node's children
 are the distinct values of ``top_k`` i.i.d. draws from ``q``, the draft's distribution shaped
 by the generation's own sampling config (temperature, top-k, top-p: ``verify.target_probs``,
@@ -180,13 +167,6 @@ class DraftTreeConfig:
     """Stop drafting deeper layers (and do not extend) when the best node of the newest layer
     has a path probability ``exp(S)`` below this (module docstring, *Early stop*); 0 = always
     draft ``depth`` layers. Top-k drafting only."""
-    side: int = 0
-    """Side nodes (module docstring, *Side nodes*): per expanded node (the root included), up to
-    this many more of its most likely children beyond ``top_k`` join the pool as leaves; they
-    cost no draft forward, only verified rows where the trim keeps them. 0 = none. Top-k
-    drafting only."""
-    side_min: float = 0.0
-    """A side node needs a path probability ``exp(S)`` of at least this."""
     extend_adapt: bool = False
     """Cap each sequence's extension by what the target accepted of its recent chains (module
     docstring, *Extension*); False (the default: it measured no faster, 2.26x vs 2.28x `ar` on
@@ -203,10 +183,6 @@ class DraftTreeConfig:
             raise ValueError(f"extend_min must lie in [0, 1], got {self.extend_min}")
         if not 0.0 <= self.stop_min <= 1.0:
             raise ValueError(f"stop_min must lie in [0, 1], got {self.stop_min}")
-        if not isinstance(self.side, int) or self.side < 0:
-            raise ValueError(f"side must be an integer >= 0, got {self.side!r}")
-        if not 0.0 <= self.side_min <= 1.0:
-            raise ValueError(f"side_min must lie in [0, 1], got {self.side_min}")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -237,10 +213,6 @@ class DraftPreset:
     """Extension forwards past ``depth`` (``DraftTreeConfig.extend``)."""
     stop_min: float = 0.0
     """Early stop of the tree's layers (``DraftTreeConfig.stop_min``)."""
-    side: int = 0
-    """Side nodes per expanded node (``DraftTreeConfig.side``)."""
-    side_min: float = 0.0
-    """Path probability a side node needs (``DraftTreeConfig.side_min``)."""
 
 
 PRESETS: dict[str, DraftPreset] = {
@@ -567,13 +539,10 @@ class DraftModelDrafter(StatelessDrafter):
         confidences: list[float] = []
         stage = None
         n_nodes = 0
-        sides: list[tuple[torch.Tensor, ...]] = []  # side nodes, per layer: token, parent node, path score
         for layer in range(1, depth + 1):
             # [m, k]
             kids, kid_log_q, kept = self._children(state, log_q, q)
             m, k = kids.shape
-            if cfg.side > 0 and q is None:
-                sides.append(self._side_nodes(log_q, frontier_nodes, frontier_scores, k))
             scores = (frontier_scores[:, None] + kid_log_q).masked_fill(~kept, float("-inf"))
             q_row = None
             if q is not None:
@@ -613,7 +582,7 @@ class DraftModelDrafter(StatelessDrafter):
             best = int(flat.argmax())
             node, score = int(node_ids[best]), flat[best : best + 1]
             token, parent_row = kids.flatten()[best : best + 1], frontier_rows[best // k : best // k + 1]
-            pool = torch.cat([s for _, _, s, *_ in layers + sides])
+            pool = torch.cat([s for _, _, s, *_ in layers])
             for _ in range(room):
                 if not self._worth_extending(float(score), pool, budget):
                     break
@@ -627,7 +596,7 @@ class DraftModelDrafter(StatelessDrafter):
                 pool = torch.cat([pool, score])
                 node, n_nodes = n_nodes, n_nodes + 1
                 chain += 1
-        draft = self._to_host(state, layers, q_tables, expanded, root_row, stage, confidences, sides)
+        draft = self._to_host(state, layers, q_tables, expanded, root_row, stage, confidences)
         if eligible and state.proposal is not None:
             state.proposal.extension = (depth, chain)
         return draft
@@ -658,19 +627,15 @@ class DraftModelDrafter(StatelessDrafter):
         root_row: int,
         stage: int | None,
         confidences: list[float],
-        sides: list[tuple[torch.Tensor, ...]] = (),
     ) -> ModelDraft:
-        """The drafted layers, then the side nodes (top-k drafts: the pool's leaves that no
-        forward fed), as a :class:`ModelDraft` (one host transfer), duplicates dropped."""
-        sizes = [int(t.shape[0]) for t, *_ in layers]
-        sampled = layers[0][3] is not None
-        if sides:
-            layers = layers + [(t, p, sc, None, torch.ones_like(t, dtype=torch.bool)) for t, p, sc in sides]
+        """The drafted layers as a :class:`ModelDraft` (one host transfer), duplicates dropped."""
         tokens = torch.cat([t for t, *_ in layers]).tolist()
         parents = torch.cat([p for _, p, *_ in layers]).tolist()
         scores = torch.cat([s for _, _, s, *_ in layers]).tolist()
         kept = torch.cat([k for *_, k in layers]).tolist()
+        sampled = layers[0][3] is not None
         q_rows = torch.cat([r for *_, r, _ in layers]).tolist() if sampled else None
+        sizes = [int(t.shape[0]) for t, *_ in layers]
         node_rows = {int(n): int(r) for ids, rows in expanded for n, r in zip(ids.tolist(), rows.tolist(), strict=True)}
         # a sampled duplicate (and anything under it) is not a node
         alive_of: list[bool] = []
@@ -711,17 +676,6 @@ class DraftModelDrafter(StatelessDrafter):
             return torch.log_softmax(logits.float(), dim=-1), None
         q = target_probs(logits, state.sampling)
         return q.log(), q
-
-    def _side_nodes(self, log_q: torch.Tensor, nodes: torch.Tensor, scores: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
-        """Side nodes of one layer: of each row of ``log_q`` (``[m, V]``, the distribution after
-        expanded node ``nodes[i]``, path score ``scores[i]``), its children of ranks ``k .. k + side``
-        whose path probability reaches ``side_min``: tokens, parent nodes, path scores (flat)."""
-        extra = min(self.config.side, log_q.shape[-1] - k)
-        # [m, k + extra]
-        top = torch.topk(log_q, k + extra, dim=-1)
-        path = (scores[:, None] + top.values[:, k:]).flatten()
-        ok = path >= math.log(self.config.side_min) if self.config.side_min > 0 else torch.ones_like(path, dtype=torch.bool)
-        return top.indices[:, k:].flatten()[ok], nodes.repeat_interleave(extra)[ok], path[ok]
 
     def _children(self, state: DraftState, log_q: torch.Tensor, q: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         """Children of each row of ``log_q`` (``[m, V]``): tokens ``[m, k]``, their log-probabilities

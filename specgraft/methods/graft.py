@@ -73,11 +73,6 @@ class GraftOptions:
     stop_min: float | None = None
     """Override the path probability below which the tree stops drafting deeper layers
     (``DraftTreeConfig.stop_min``; 0 = always the full depth)."""
-    side: int | None = None
-    """Override the preset's side nodes: per expanded node, up to this many more of its likeliest
-    children as leaves that cost no draft forward (``DraftTreeConfig.side``; 0 = none)."""
-    side_min: float | None = None
-    """Override the path probability a side node needs (``DraftTreeConfig.side_min``)."""
     extend_adapt: bool | None = None
     """Override whether each sequence's extension adapts to its accepted chains (``DraftTreeConfig.extend_adapt``)."""
     calibration: str | None = None
@@ -107,8 +102,6 @@ class GraftOptions:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.extend is not None and (not isinstance(self.extend, int) or self.extend < 0):
             raise ValueError(f"extend must be an integer >= 0, got {self.extend!r}")
-        if self.side is not None and (not isinstance(self.side, int) or self.side < 0):
-            raise ValueError(f"side must be an integer >= 0, got {self.side!r}")
         if self.thresholds is not None:
             object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
 
@@ -331,8 +324,6 @@ def build_graft_method(
         extend=preset.extend if options.extend is None else options.extend,
         **({} if options.extend_min is None else {"extend_min": options.extend_min}),
         stop_min=preset.stop_min if options.stop_min is None else options.stop_min,
-        side=preset.side if options.side is None else options.side,
-        side_min=preset.side_min if options.side_min is None else options.side_min,
         **({} if options.extend_adapt is None else {"extend_adapt": bool(options.extend_adapt)}),
         checkpoints=checkpoints if config.gated else (),
         thresholds=thresholds,

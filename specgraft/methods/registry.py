@@ -279,10 +279,6 @@ def derived_budget(name: str, options: MethodOptions):
             return None
         if stop_min != meta.get("stop_min", 0.0):
             return None
-        side = preset.side if g.side is None else g.side
-        side_min = preset.side_min if g.side_min is None else g.side_min
-        if (side, side_min if side else 0.0) != (meta.get("side", 0), meta.get("side_min", 0.0) if meta.get("side", 0) else 0.0):
-            return None
     return derive_budget(name, CostTable.load(options.cost_table), table=Path(options.cost_table).name, anchor=fixed_budget(name, options))
 
 
