@@ -43,8 +43,6 @@ def main() -> None:
     parser.add_argument("--variants", default="draft-tree,graft-prune")
     parser.add_argument("--calibration", default="benchmarks/calib/graft-int8.json", help="For the gated (graft*) variants.")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--hf-draft-vocab", type=int, default=0,
-                        help="Also run HF assisted with the draft head over this many tokens (models/draft_head.py).")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -77,15 +75,6 @@ def main() -> None:
 
     DraftModelDrafter.observe = observe
     hf = HFPeer("hf-assisted", base.model, sorted(base.engine.eos_token_ids), args.max_new_tokens, 0.0, 0, assistant_model=draft)
-    peers = {"hf-assisted": hf}
-    if args.hf_draft_vocab:
-        from specgraft.models.draft_head import draft_adapter
-
-        head = draft_adapter(draft, args.hf_draft_vocab).lm_head
-        peers[f"hf-assisted:draft_vocab={args.hf_draft_vocab}"] = HFPeer(
-            "hf-assisted", base.model, sorted(base.engine.eos_token_ids), args.max_new_tokens, 0.0, 0, assistant_model=draft,
-            assistant_head=head,
-        )
     variants = []
     for text in args.variants.split(","):
         method, overrides, budget = parse_variant(text)
@@ -103,19 +92,18 @@ def main() -> None:
     for _, budget, dec in variants:
         run(dec, warm, budget, tokens=8)
     run(base, warm, tokens=8)
-    for peer in peers.values():
-        peer.run(warm, 8)
+    hf.run(warm, 8)
     rows = []
     for i, p in enumerate(prompts):
         ids = base.encode(p.turns[0], chat=p.chat)
         ar_first, ref = run(base, ids)
         timed = {}
-        order = [*((name, None, None) for name in peers), *variants]
+        order = [("hf-assisted", None, None), *variants]
         for name, budget, dec in order if i % 2 == 0 else order[::-1]:
             if dec is None:
                 for k in count:
                     count[k] = 0
-                r = peers[name].run(ids)
+                r = hf.run(ids)
                 timed[name] = {"seconds": r.time_s, "exact": r.tokens == ref.tokens, "new_tokens": len(r.tokens), **count}
                 continue
             seconds, out = run(dec, ids, budget)

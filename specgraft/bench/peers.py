@@ -50,7 +50,6 @@ class HFPeer:
         temperature: float = 0.0,
         seed: int | None = None,
         assistant_model: PreTrainedModel | None = None,
-        assistant_head: torch.nn.Module | None = None,
     ):
         if name not in PEERS:
             raise ValueError(f"unknown peer {name!r}; choose one of {', '.join(PEERS)}")
@@ -65,9 +64,6 @@ class HFPeer:
         self.temperature = temperature
         self.seed = seed
         self.assistant_model = assistant_model if name == "hf-assisted" else None
-        # the draft head our draft-model methods use (models/draft_head.py), swapped in while this
-        # peer generates: the assistant model is shared and stays unchanged otherwise
-        self.assistant_head = assistant_head if name == "hf-assisted" else None
 
     def generate_kwargs(self) -> dict[str, Any]:
         """Everything passed to ``generate`` besides the inputs (and the assistant model)."""
@@ -95,19 +91,12 @@ class HFPeer:
         inputs = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)
         if self.temperature > 0 and self.seed is not None:
             torch.manual_seed(self.seed)
-        own_head = self.assistant_model.get_output_embeddings() if self.assistant_head is not None else None
-        try:
-            if own_head is not None:
-                self.assistant_model.set_output_embeddings(self.assistant_head)
-            with torch.inference_mode():
-                synchronize(self.model.device)
-                t0 = time.perf_counter()
-                out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), **kw)
-                synchronize(self.model.device)
-                elapsed = time.perf_counter() - t0
-        finally:
-            if own_head is not None:
-                self.assistant_model.set_output_embeddings(own_head)
+        with torch.inference_mode():
+            synchronize(self.model.device)
+            t0 = time.perf_counter()
+            out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), **kw)
+            synchronize(self.model.device)
+            elapsed = time.perf_counter() - t0
         tokens = out[0, inputs.shape[1] :].tolist()
         # batch of one: nothing is padded, but cut defensively after the first EOS
         eos = set(self.eos_token_ids)
@@ -120,7 +109,6 @@ class HFPeer:
             "peer": PEERS[self.name],
             "generate_kwargs": self.generate_kwargs(),
             "assistant_model": getattr(getattr(self.assistant_model, "config", None), "_name_or_path", None),
-            "assistant_head_tokens": int(self.assistant_head.ids.numel()) if self.assistant_head is not None else None,
             "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
             "threads": torch.get_num_threads(),
         }

@@ -118,9 +118,6 @@ class BenchConfig:
     """Extension forwards of the draft tree past its depth (``GraftOptions.extend``); None = the preset's."""
     draft_stop_min: float | None = None
     """Early stop of the draft tree (``GraftOptions.stop_min``); None = the preset's."""
-    draft_vocab: int | None = None
-    """Tokens the draft's head computes (``GraftOptions.draft_vocab``); None = the preset's, 0 = all.
-    The ``hf-assisted`` peer's draft gets the same head (the comparison isolates the tree)."""
     warmup_tokens: int = 16
     """New tokens of each method's warm-up generation."""
     device: str = "auto"
@@ -265,7 +262,7 @@ class BenchConfig:
         """The options every registry method is built with."""
         graft = GraftOptions(
             draft_model=self.draft_model, draft_dtype=self.dtype, draft_quant=self.draft_quant, preset=self.preset, calibration=self.calibration,
-            extend=self.draft_extend, stop_min=self.draft_stop_min, draft_vocab=self.draft_vocab,
+            extend=self.draft_extend, stop_min=self.draft_stop_min,
         )
         if self.sample_drafts:
             graft = with_sampled_drafts(graft, self.temperature)
@@ -282,7 +279,7 @@ class BenchConfig:
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "resolved_draft_quant", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
                 "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape",
-                "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min", "draft_vocab")
+                "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min")
         out = {k: getattr(self, k) for k in keep}
         out["datastores"] = list(self.datastores)  # as run.json stores it
         return out
@@ -327,8 +324,6 @@ class BenchConfig:
             parts += ["--draft-extend", str(self.draft_extend)]
         if self.draft_stop_min is not None:
             parts += ["--draft-stop-min", str(self.draft_stop_min)]
-        if self.draft_vocab is not None:
-            parts += ["--draft-vocab", str(self.draft_vocab)]
         if self.device != "auto":
             parts += ["--device", self.device]
         if self.learning != "request":
@@ -413,16 +408,8 @@ def build_methods(cfg: BenchConfig, models: LoadedModels, options: MethodOptions
     out: dict[str, BenchMethod] = {}
     for name in cfg.run_methods:
         if name in PEERS:
-            head = None
-            if name == "hf-assisted" and models.draft is not None:
-                from specgraft.methods.graft import resolved_draft_vocab
-                from specgraft.models.draft_head import draft_adapter
-
-                adapter = draft_adapter(models.draft, resolved_draft_vocab(options.graft))
-                head = adapter.lm_head if adapter is not models.draft else None
             out[name] = HFPeer(
-                name, models.decoder.model, eos, cfg.max_new_tokens, cfg.temperature, cfg.seed, assistant_model=models.draft,
-                assistant_head=head,
+                name, models.decoder.model, eos, cfg.max_new_tokens, cfg.temperature, cfg.seed, assistant_model=models.draft
             )
         elif name == AR_END:
             out[name] = SpecgraftMethod(models.decoder.with_method("ar", options), config)
@@ -485,7 +472,7 @@ _RECORDED_SINCE = {
     "resolved_draft_quant": lambda before: "none" if before.get("draft_model") else None,
     "preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None,
     "vllm_spec_tokens": 5, "row_cost": None, "draft_extend": None,
-    "draft_stop_min": None, "draft_vocab": None,
+    "draft_stop_min": None,
 }
 
 

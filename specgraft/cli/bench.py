@@ -61,11 +61,6 @@ def bench(
         help="The draft tree stops drafting deeper layers when its best new path's draft probability is below this "
         "(draft-tree, graft*; default: the preset's; 0 = always the full depth; recorded).",
     ),
-    draft_vocab: Optional[int] = typer.Option(
-        None, "--draft-vocab",
-        help="Tokens the draft model's head computes (its most frequent + the special ones; draft-tree, graft*, reader, "
-        "and hf-assisted's draft alike; default: the preset's; 0 = all; recorded).",
-    ),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; recorded)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; recorded."),
     learning: str = typer.Option(
@@ -108,7 +103,7 @@ def bench(
         model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, draft_quant=draft_quant, per_task=per_task,
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
         threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
-        preset=preset, sample_drafts=sample_drafts, draft_extend=draft_extend, draft_stop_min=draft_stop_min, draft_vocab=draft_vocab, device=device, learning=learning, datastores=split_paths(datastore),
+        preset=preset, sample_drafts=sample_drafts, draft_extend=draft_extend, draft_stop_min=draft_stop_min, device=device, learning=learning, datastores=split_paths(datastore),
         reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens,
         row_cost=row_cost_value(row_cost, model, device, threads),
     )

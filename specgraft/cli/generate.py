@@ -183,11 +183,6 @@ DRAFT_STOP_MIN = typer.Option(
     help="The draft tree stops drafting deeper layers when its best new path's draft probability is below this "
     "(default: the preset's; 0 = always the full depth).",
 )
-DRAFT_VOCAB = typer.Option(
-    None, "--draft-vocab",
-    help="Tokens the draft model's output head computes: its most frequent ones plus the special ones; the draft "
-    "proposes only those, outputs do not change (draft-tree, graft*, reader; default: the preset's; 0 = all).",
-)
 LEARNING = typer.Option("request", help="request (default) or shared: see `specgraft.drafters.base.Learning`.")
 DATASTORE = typer.Option(None, "--datastore", help="Datastore directory for reader (repeat or comma list; `specgraft datastore build`).")
 READER_SHAPE = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune`.")
@@ -240,7 +235,6 @@ def method_options(
     cost_table: Optional[str] = "auto",
     draft_extend: Optional[int] = None,
     draft_stop_min: Optional[float] = None,
-    draft_vocab: Optional[int] = None,
 ) -> MethodOptions:
     """The :class:`MethodOptions` of the options above; ``sample_drafts_at``: sample draft children
     at this temperature (``--sample-drafts``); ``draft_quant``: the draft model's numerics."""
@@ -248,7 +242,7 @@ def method_options(
 
     graft = GraftOptions(
         draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant, preset=preset, depth=draft_depth, top_k=draft_top_k,
-        extend=draft_extend, stop_min=draft_stop_min, draft_vocab=draft_vocab, calibration=calibration,
+        extend=draft_extend, stop_min=draft_stop_min, calibration=calibration,
     )
     if sample_drafts_at is not None:
         graft = with_sampled_drafts(graft, sample_drafts_at)
@@ -320,7 +314,6 @@ def generate(
     draft_top_k: Optional[int] = DRAFT_TOP_K,
     draft_extend: Optional[int] = DRAFT_EXTEND,
     draft_stop_min: Optional[float] = DRAFT_STOP_MIN,
-    draft_vocab: Optional[int] = DRAFT_VOCAB,
     draft_quant: str = draft_quant_option(),
     threads: Optional[int] = THREADS,
     device: str = DEVICE,
@@ -336,7 +329,7 @@ def generate(
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore,
         reader_shape=reader_shape, sample_drafts_at=temperature if sample_drafts else None, draft_quant=draft_quant,
         row_cost=row_cost_value(row_cost, model, device, threads), cost_table=cost_table, draft_extend=draft_extend,
-        draft_stop_min=draft_stop_min, draft_vocab=draft_vocab,
+        draft_stop_min=draft_stop_min,
     )
     run_generate(
         prompt, model, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

@@ -213,8 +213,6 @@ class DraftPreset:
     """Extension forwards past ``depth`` (``DraftTreeConfig.extend``)."""
     stop_min: float = 0.0
     """Early stop of the tree's layers (``DraftTreeConfig.stop_min``)."""
-    draft_vocab: int = 0
-    """Tokens the draft's output head computes (``models/draft_head.py``); 0 = all of them."""
 
 
 PRESETS: dict[str, DraftPreset] = {

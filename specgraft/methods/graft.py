@@ -73,10 +73,6 @@ class GraftOptions:
     stop_min: float | None = None
     """Override the path probability below which the tree stops drafting deeper layers
     (``DraftTreeConfig.stop_min``; 0 = always the full depth)."""
-    draft_vocab: int | None = None
-    """Override the preset's draft head width: the draft computes the logits of its ``draft_vocab``
-    most frequent tokens (+ the special ones) and drafts only those (``models/draft_head.py``;
-    0 = the whole vocabulary). Outputs do not change; only what the draft can propose."""
     extend_adapt: bool | None = None
     """Override whether each sequence's extension adapts to its accepted chains (``DraftTreeConfig.extend_adapt``)."""
     calibration: str | None = None
@@ -106,21 +102,8 @@ class GraftOptions:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.extend is not None and (not isinstance(self.extend, int) or self.extend < 0):
             raise ValueError(f"extend must be an integer >= 0, got {self.extend!r}")
-        if self.draft_vocab is not None and (not isinstance(self.draft_vocab, int) or self.draft_vocab < 0):
-            raise ValueError(f"draft_vocab must be an integer >= 0 (0 = the whole vocabulary), got {self.draft_vocab!r}")
         if self.thresholds is not None:
             object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
-
-
-def resolved_draft_vocab(options: GraftOptions) -> int:
-    """The draft head's width for ``options``: the override, else the preset's (0 = whole vocabulary).
-
-    >>> resolved_draft_vocab(GraftOptions(draft_vocab=0)), resolved_draft_vocab(GraftOptions(preset="gpu"))
-    (0, 0)
-    """
-    from specgraft.drafters.draft_model import get_preset
-
-    return get_preset(options.preset).draft_vocab if options.draft_vocab is None else options.draft_vocab
 
 
 def preset_budget(options: GraftOptions) -> int:
@@ -309,7 +292,6 @@ def build_graft_method(
     from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig, get_preset
     from specgraft.drafters.graft_retrieval import GraftRetrieval
     from specgraft.drafters.recycling import SuccessorMatrix
-    from specgraft.models.draft_head import draft_adapter
     from specgraft.models.loading import load_draft_model
 
     if variant not in VARIANTS:
@@ -348,7 +330,7 @@ def build_graft_method(
         sample=options.sample_drafts,
         seed=options.seed,
     )
-    drafters: list[Drafter] = [DraftModelDrafter(draft_adapter(draft_model, resolved_draft_vocab(options)), draft_config, target_vocab=vocab)]
+    drafters: list[Drafter] = [DraftModelDrafter(draft_model, draft_config, target_vocab=vocab)]
     planner = StagePlanner(config)
     if config.retrieval is not None:
         # graft-tail fills its template in the composer from this drafter's (per-sequence) matrix

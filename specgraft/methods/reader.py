@@ -70,8 +70,7 @@ def build_reader(
     from specgraft.composers.reader import ReaderComposer
     from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig, get_preset
     from specgraft.drafters.reader_retrieval import ReaderRetrieval
-    from specgraft.methods.graft import require_draft_model, resolved_draft_vocab
-    from specgraft.models.draft_head import draft_adapter
+    from specgraft.methods.graft import require_draft_model
     from specgraft.models.loading import load_draft_model
 
     options = opts.graft
@@ -90,7 +89,7 @@ def build_reader(
         depth=options.depth or preset.depth, top_k=options.top_k or preset.top_k, sample=options.sample_drafts, seed=options.seed
     )
     drafters: list[Drafter] = [
-        DraftModelDrafter(draft_adapter(draft_model, resolved_draft_vocab(options)), draft_config, target_vocab=target.vocab_size),
+        DraftModelDrafter(draft_model, draft_config, target_vocab=target.vocab_size),
         ReaderRetrieval(config, stores),
     ]
     return drafters, ReaderComposer(config)

@@ -279,10 +279,6 @@ def derived_budget(name: str, options: MethodOptions):
             return None
         if stop_min != meta.get("stop_min", 0.0):
             return None
-        from specgraft.methods.graft import resolved_draft_vocab
-
-        if resolved_draft_vocab(g) != meta.get("draft_vocab", 0):
-            return None
     return derive_budget(name, CostTable.load(options.cost_table), table=Path(options.cost_table).name, anchor=fixed_budget(name, options))
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specgraft.cache.slots import SlotCache
@@ -125,19 +124,16 @@ class HFTarget:
     """Wraps an ``AutoModelForCausalLM`` with a :class:`SlotCache` (one slot per sequence).
 
     ``capacity`` is the initial rows per slot (the cache grows by doubling); call
-    :meth:`reserve` with a generation's whole length to allocate once. ``head`` replaces the
-    model's output head for this adapter only (a draft's :class:`~specgraft.models.draft_head.SubsetHead`;
-    the model object, which other peers may share, is not changed).
+    :meth:`reserve` with a generation's whole length to allocate once.
     """
 
-    def __init__(self, model: PreTrainedModel, prefill_chunk: int = 512, capacity: int = 256, head: nn.Module | None = None):
+    def __init__(self, model: PreTrainedModel, prefill_chunk: int = 512, capacity: int = 256):
         check_tree_attention(model)
         self.model = model.eval()
         self.config = model.config.get_text_config(decoder=True)
         self.name = getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.decoder = model.get_decoder()
-        # a draft's head may be narrower than the model's (models/draft_head.py); logits stay [.., V]
-        self.lm_head = model.get_output_embeddings() if head is None else head
+        self.lm_head = model.get_output_embeddings()
         self.vocab_size: int = self.lm_head.out_features  # not .weight: packed and int8 linears unpack it
         self.max_positions: int = int(getattr(self.config, "max_position_embeddings", 1 << 30))
         self.device = next(model.parameters()).device
