@@ -576,3 +576,12 @@ def test_trim_keeps_prefixes_of_sampled_children():
     for n in range(len(pool) + 1):
         kept = trim(pool, n)
         assert kept.tokens == pool.tokens[:n] and kept.parents == pool.parents[:n] and kept.prob_rows == pool.prob_rows[:n]
+
+
+def test_docstring_examples():
+    import doctest
+
+    import specgraft.drafters.draft_model as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0

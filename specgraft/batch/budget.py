@@ -13,7 +13,9 @@ with ``T(B, n)`` the target forward of ``B x n`` rows (the :class:`CostTable`, m
 run; 0 at ``k = 0``, where no drafter runs). :class:`AdaptiveBudget` picks the ``k`` in
 ``{0} + budgets`` that maximises it, per batch size, and recomputes when ``B`` changes or every
 ``refresh`` steps. ``k = 0`` is plain batched decoding, so speculation never makes a batch
-slower than the cost table predicts plain decoding to be.
+slower than the cost table predicts plain decoding to be; and it must predict more than
+:data:`SPECULATE_MARGIN` (2%) above plain decoding, since the prediction itself is good to a few
+percent only (a near-tie is no reason to pay for a draft).
 
 The acceptance ``a_r`` is counted online per rank, from a prior worth a number of sequence
 steps; ``D`` is measured online per batch size, from a prior until the first step. A method
@@ -54,6 +56,11 @@ MAX_RANK = 128
 #: Sequence steps a prior built from a method's measured gains is worth (:class:`Acceptance`,
 #: ``prior_weight``); the generic prior is worth 2. Why 32: :class:`AdaptiveBudget`.
 GAINS_PRIOR_WEIGHT = 32.0
+#: Speculation must predict this much more throughput than plain decoding (k = 0) to be chosen.
+#: Why: on a 2-core Zen 4 the gains' cheap 1-node drafts predicted 12.69 tokens/s at B = 4
+#: against plain decoding's 12.66; the policy drafted on that 0.2% and ran 0.85x batched `ar`
+#: (benchmarks/RESULTS.md, issue 12). The derived default budgets use the same 2% (``TIE``).
+SPECULATE_MARGIN = 0.02
 
 
 @dataclass(frozen=True)
@@ -424,10 +431,21 @@ class AdaptiveBudget:
         return 0.0
 
     def best(self, batch_size: int, cap: int) -> int:
+        """The budget with the best prediction, but 0 unless that beats plain decoding's by more
+        than :data:`SPECULATE_MARGIN`.
+
+        >>> t = CostTable("m", "cpu", {1: {1: 0.3, 2: 0.4, 9: 0.5}})
+        >>> near, clear = AdaptiveBudget(t, Acceptance(prior=[0.35, 0.0])), AdaptiveBudget(t, Acceptance(prior=[0.5, 0.0]))
+        >>> round(near.predicted(1, 1) / near.predicted(1, 0), 4), near.best(1, 8), clear.best(1, 8)
+        (1.0125, 0, 1)
+        """
         candidates = [0] + [b for b in self.budgets if b <= cap]
         if cap not in candidates and cap > 0:
             candidates.append(cap)
-        return max(candidates, key=lambda k: (self.predicted(batch_size, k), -k))
+        k = max(candidates, key=lambda k: (self.predicted(batch_size, k), -k))
+        if k > 0 and self.predicted(batch_size, k) <= (1 + SPECULATE_MARGIN) * self.predicted(batch_size, 0):
+            return 0
+        return k
 
     def choice(self, batch_size: int, cap: int) -> int:
         """The budget every sequence of the batch gets (recomputed every ``refresh`` steps)."""
