@@ -33,17 +33,19 @@ own best nodes for the budget it gets). The gains were measured with the 1.5B/0.
 (int8 draft, the CPU default); for another model they are a prior, not a measurement
 (``--budget``, or ``--cost-table none`` for the fixed defaults).
 
-Worked example (``draft-tree``, gains as shipped: ``E = 3.63 / 4.14`` tokens per step at budgets
-4 / 8 with ``N = 3.9 / 7.8`` nodes and drafting 0.64 plain steps either way): on the 2-core Zen 3
+Worked example (``draft-tree``, gains as shipped: ``E = 3.49 / 4.82`` tokens per step at budgets
+4 / 8 with ``N = 3.7 / 7.1`` nodes and drafting 0.49 / 0.84 plain steps): on the 2-core Zen 3
 table (1 row 382 ms, 4 rows 541 ms, 8 rows 563 ms, 16 rows 815 ms) a step at budget 8 takes
-0.83 s against 0.79 s at 4 (+5%) for 14% more tokens, so 8, the fixed default too. Without the
-drafting time the same rows would cost +8% of a shorter step; with a draft twice as slow, +3%.
+0.89 s (0.57 s verifying, 0.32 s drafting) against 0.73 s at 4 (+21%) for 38% more tokens: 5.4
+against 4.8 tokens/s, so 8, the fixed default too. Budget 16 (``E = 5.41``, ``N = 12.2``,
+drafting 0.94) predicts 5.0: its extra rows and drafting cost more than its 12% more tokens.
 
 Where the derivation does not apply, the fixed defaults stay (``DEFAULT_BUDGETS``; the preset's
 budget for the draft-model methods): no table for this model and device; a method without
 measured gains (``ar``, READER, whose shape comes from ``specgraft tune``); a draft-model method
-run with another preset, depth or top-k than the gains were measured with, or with a Graft
-calibration (its thresholds were fitted at the preset's budget).
+run with another preset, depth, top-k, extension or early stop than the gains were measured
+with (their meta records the cpu preset's), or with a Graft calibration (its thresholds were
+fitted at the preset's budget).
 """
 
 from __future__ import annotations
