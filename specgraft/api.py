@@ -107,6 +107,14 @@ class SpecDecoder:
         if options.cost_table == "auto":
             options = dataclasses.replace(options, cost_table=auto_cost_table(self.target))
         self.options = options
+        self.small_input_rows: int | None = None  # None: the model's linears were left as they were
+        if options.cost_table and self.target.device.type == "cpu":
+            from specgraft.batch.budget import CostTable
+            from specgraft.models.kernels import set_min_rows, small_input_rows
+
+            # pad 1-3 row inputs where the table says a few rows cost less than one (models/kernels.py)
+            self.small_input_rows = small_input_rows(CostTable.load(options.cost_table))
+            set_min_rows(model, self.small_input_rows)
         # derived from the device's cost table where one exists (methods/device_budget.py); else
         # the fixed defaults: draft-model methods their preset's budget, READER its tree shape's
         self.default_budget = method_budget(method, options)
@@ -333,6 +341,7 @@ class SpecDecoder:
             "dtype": _dtype_name(self.target.dtype),
             "device": str(self.target.device),
             "threads": torch.get_num_threads(),
+            "small_input_rows": self.small_input_rows,
         }
         if self.spec.needs_draft_model:
             out["draft_model"] = {

@@ -74,3 +74,57 @@ def test_auto_dtype():
     assert auto_dtype("cuda") == "bfloat16"
     assert auto_dtype("cpu") in ("bfloat16", "float32")
     assert parse_dtype("auto") in (torch.bfloat16, torch.float32)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_padded_small_inputs_equal_the_plain_linear(rows):
+    """``min_rows``: an input of fewer rows is padded with zero rows to that many; each real row
+    comes out as in a genuine input of ``min_rows`` rows, and close to ``nn.Linear``."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(48, 80)
+    fast = OneDNNLinear(lin)
+    fast.min_rows = 4
+    x = torch.randn(rows, 48)
+    out = fast(x)
+    assert out.shape == (rows, 80)
+    torch.testing.assert_close(out, lin(x), rtol=1e-5, atol=1e-5)
+    full = torch.cat([x, torch.randn(4 - rows, 48)])
+    fast.min_rows = 1
+    assert torch.equal(out, fast(full)[:rows]), "a row's output does not depend on the other rows"
+    assert fast(torch.randn(0, 48)).shape == (0, 80)
+
+
+def test_small_input_rows_from_the_cost_table_and_greedy_equals_plain(tmp_path):
+    """The decoder pads where its table says a few rows cost less than one; greedy output of a
+    swapped, padded tiny model still equals the plain one."""
+    import json
+
+    from specgraft.api import SpecDecoder
+    from specgraft.batch.budget import CostTable
+    from specgraft.models.kernels import set_min_rows, small_input_rows
+
+    from tests.test_greedy_lossless import hf_greedy, make_prompts
+
+    model = tiny_llama()
+    plain = [hf_greedy(model, p, 12) for p, _ in make_prompts(4, model.config.vocab_size)]
+    use_onednn_linears(model)
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"model": "m", "device": "cpu", "seconds": {"1": {"1": 0.35, "2": 0.38, "4": 0.30, "8": 0.36}}}))
+    dec = SpecDecoder(model, None, method="pld", options=MethodOptions(cost_table=str(table)))
+    assert dec.small_input_rows == 4 and all(m.min_rows == 4 for m in model.modules() if isinstance(m, OneDNNLinear))
+    assert dec.resolved_config(GenerationConfig())["small_input_rows"] == 4
+    for (prompt, _), want in zip(make_prompts(4, model.config.vocab_size), plain):
+        assert dec.engine.generate_ids(prompt, GenerationConfig(max_new_tokens=12, budget=8, stop_on_eos=False)) == want
+    assert small_input_rows(CostTable("m", "cpu", {1: {1: 0.3, 4: 0.5}})) == 1, "4 rows dearer: no padding"
+    assert set_min_rows(model, 1) > 0
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        set_min_rows(model, 0)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import specgraft.models.kernels as module
+
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
