@@ -57,9 +57,10 @@ MAX_RANK = 128
 #: ``prior_weight``); the generic prior is worth 2. Why 32: :class:`AdaptiveBudget`.
 GAINS_PRIOR_WEIGHT = 32.0
 #: Speculation must predict this much more throughput than plain decoding (k = 0) to be chosen.
-#: Why: on a 2-core Zen 4 the gains' cheap 1-node drafts predicted 12.69 tokens/s at B = 4
-#: against plain decoding's 12.66; the policy drafted on that 0.2% and ran 0.85x batched `ar`
-#: (benchmarks/RESULTS.md, issue 12). The derived default budgets use the same 2% (``TIE``).
+#: Why: the prediction is good to a few percent only, so a near-tie is no reason to pay for a
+#: draft; the derived default budgets use the same 2% (``TIE``). It is a guard, not a fix for a
+#: wrong table: the Zen 4 bench-serve run that lost at B = 4 predicted +35% for drafting there
+#: (benchmarks/RESULTS.md, issue 12).
 SPECULATE_MARGIN = 0.02
 
 
