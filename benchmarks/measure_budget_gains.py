@@ -63,19 +63,25 @@ def load_base(args):
     return SpecDecoder.from_pretrained(args.model, method="ar", dtype=args.dtype, options=MethodOptions(graft=graft, cost_table=None), progress=False)
 
 
+def timed_generate(dec, ids, max_new_tokens: int, budget: int | None = None, stop_on_eos: bool = False):
+    """``(seconds, output)`` of one greedy generation of ``dec`` (the benchmark scripts' timer)."""
+    from specgraft.config import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos, budget=budget)
+    t0 = time.perf_counter()
+    out = dec.generate(ids, config=config)
+    return time.perf_counter() - t0, out
+
+
 def bracketed_timings(base, variants, prompts, max_new_tokens: int):
     """Time each variant against ``ar`` per prompt, drift bracketed: for every prompt, ``ar``,
     then each variant (in an order that alternates from prompt to prompt), then ``ar`` again.
     ``variants``: ``(key, budget, decoder)``; greedy, exactly ``max_new_tokens`` tokens (EOS
     does not stop). Warms every decoder up first. Yields, per prompt, ``(i, ar_first, ar_last,
     {key: (seconds, MAT, output equals ar's)})``."""
-    from specgraft.config import GenerationConfig
 
     def run(dec, ids, budget=None, tokens=max_new_tokens):
-        config = GenerationConfig(max_new_tokens=tokens, stop_on_eos=False, budget=budget)
-        t0 = time.perf_counter()
-        out = dec.generate(ids, config=config)
-        return time.perf_counter() - t0, out
+        return timed_generate(dec, ids, tokens, budget)
 
     warm = base.encode("Say hello.", chat=True)
     for _, budget, dec in variants:

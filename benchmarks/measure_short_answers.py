@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 
 def main() -> None:
     import torch
 
-    from measure_budget_gains import load_base, model_arguments
+    from measure_budget_gains import load_base, model_arguments, timed_generate
     from measure_draft_extension import parse_variant
 
     from specgraft.bench.peers import HFPeer
-    from specgraft.config import GenerationConfig
     from specgraft.drafters.draft_model import DraftModelDrafter
     from specgraft.methods import MethodOptions
     from specgraft.models.loading import load_draft_model
@@ -82,11 +80,8 @@ def main() -> None:
         variants.append((text, budget, base.with_method(method, MethodOptions(graft=options, cost_table=None), draft_model=draft)))
 
     def run(dec, ids, budget=None, tokens=args.max_new_tokens):
-        config = GenerationConfig(max_new_tokens=tokens, stop_on_eos=True, budget=budget)
         trace.clear()
-        t0 = time.perf_counter()
-        out = dec.generate(ids, config=config)
-        return time.perf_counter() - t0, out
+        return timed_generate(dec, ids, tokens, budget, stop_on_eos=True)
 
     warm = base.encode("Say hello.", chat=True)
     for _, budget, dec in variants:

@@ -13,16 +13,14 @@ reports per method the total time with each setting and whether every output is 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 
 def main() -> None:
     import torch
 
-    from measure_budget_gains import load_base, model_arguments, tuning_prompts
+    from measure_budget_gains import load_base, model_arguments, timed_generate, tuning_prompts
 
-    from specgraft.config import GenerationConfig
     from specgraft.methods import MethodOptions
     from specgraft.models.kernels import set_min_rows
     from specgraft.models.loading import load_draft_model
@@ -39,13 +37,12 @@ def main() -> None:
     draft = load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=args.draft_quant)
     decoders = {m: base.with_method(m, MethodOptions(graft=base.options.graft, cost_table=None), draft_model=draft if m.startswith(("draft", "graft")) else None)
                 for m in args.methods.split(",")}
-    config = GenerationConfig(max_new_tokens=args.max_new_tokens, stop_on_eos=False)
     prompts = tuning_prompts(args.per_task, args.code_prompts)
     variants = [(m, r) for m in decoders for r in (1, args.rows)]
     warm = base.encode("Say hello.", chat=True)
     for m, r in variants:
         set_min_rows(base.model, r)
-        decoders[m].generate(warm, config=GenerationConfig(max_new_tokens=8, stop_on_eos=False))
+        timed_generate(decoders[m], warm, 8)
     seconds = {f"{m}@{r}": 0.0 for m, r in variants}
     exact = {f"{m}@{r}": True for m, r in variants}
     for i, p in enumerate(prompts):
@@ -53,9 +50,9 @@ def main() -> None:
         outs = {}
         for m, r in variants if i % 2 == 0 else variants[::-1]:
             set_min_rows(base.model, r)
-            t0 = time.perf_counter()
-            outs[(m, r)] = decoders[m].generate(ids, config=config).tokens
-            seconds[f"{m}@{r}"] += time.perf_counter() - t0
+            took, out = timed_generate(decoders[m], ids, args.max_new_tokens)
+            outs[(m, r)] = out.tokens
+            seconds[f"{m}@{r}"] += took
         for m, r in variants:
             exact[f"{m}@{r}"] &= outs[(m, r)] == outs[("ar", r)] if "ar" in decoders else True
         print(f"[{i}] {p.id}, cumulative: " + ", ".join(f"{m}@{r} {seconds[f'{m}@{r}']:.1f}s" for m, r in variants), flush=True)

@@ -12,7 +12,6 @@ batch size. Prints one summary line per batch size and writes the steps as JSON:
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
@@ -21,27 +20,24 @@ from pathlib import Path
 def main() -> None:
     import torch
 
+    from measure_budget_gains import model_arguments
+
     from specgraft.api import SpecDecoder
     from specgraft.batch import AdaptiveBudget, CostTable
     from specgraft.batch.engine import BatchEngine
     from specgraft.methods import GraftOptions, MethodOptions
     from specgraft.suites import load_suite
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
+    parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--method", default="draft-tree")
     parser.add_argument("--batch-sizes", default="1,2,4")
     parser.add_argument("--suite", default="spec-bench:1,humaneval:2")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cost-table", default="auto")
-    parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    graft = GraftOptions(draft_model=args.draft_model, draft_dtype=args.dtype)
+    graft = GraftOptions(draft_model=args.draft_model, draft_dtype=args.dtype, draft_quant=args.draft_quant)
     ar = SpecDecoder.from_pretrained(args.model, method="ar", dtype=args.dtype, options=MethodOptions(graft=graft, cost_table=args.cost_table))
     if ar.options.cost_table is None:
         raise SystemExit("no cost table for this model and device: run `specgraft profile` first")

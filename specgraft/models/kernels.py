@@ -108,10 +108,11 @@ class OneDNNLinear(nn.Module):
         # (B * T, C) -> (B * T, out)
         flat = x.reshape(-1, shape[-1])
         m = flat.shape[0]
-        if 0 < m < self.min_rows:
+        padded = 0 < m < self.min_rows
+        if padded:
             flat = torch.cat([flat, flat.new_zeros(self.min_rows - m, shape[-1])])
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")[:m]
-        return y.reshape(*shape[:-1], self.out_features)
+        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        return (y[:m] if padded else y).reshape(*shape[:-1], self.out_features)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
