@@ -14,19 +14,17 @@ import argparse
 import statistics
 
 
-class PinnedPlain:
+from specgraft.batch.budget import FixedBudget, StepPlan
+
+
+class PinnedPlain(FixedBudget):
     """Budget 0 always: the work a method does when the policy has turned speculation off."""
 
     def plan(self, batch_size, budgets):
-        from specgraft.batch.budget import StepPlan
-
         return StepPlan(cap=0)
 
     def speculating(self, batch_size, budget):
         return False
-
-    def observe(self, *args):
-        pass
 
 
 def main() -> None:

@@ -81,6 +81,8 @@ def main() -> None:
             "catch_up_s": round(sum(s["catch_up_s"] for s in mine), 2), "budgets": sorted({s["budget"] for s in mine if s["budget"] is not None}),
             "median_plain_step_s": sorted(plain)[len(plain) // 2] if plain else None,
             "table_plain_step_s": round(policy.costs.cost(b, 1), 4),
+            "corrected_plain_step_s": round(policy.target_cost(b, 1), 4),
+            "catch_up_s_per_token": policy.catch_up_per_token,
         }
         summary.append(line)
         print(line, flush=True)

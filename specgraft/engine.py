@@ -39,6 +39,17 @@ from specgraft.types import DraftTree, GenerationStats, PrefillRequest, RowsOutp
 from specgraft.verify import verify
 
 
+@dataclass(frozen=True, eq=False)
+class ForwardTiming:
+    """One target forward of a step: ``batch`` sequences x ``rows`` rows each (trees padded to
+    one shape, root included), and its wall time. The sequences of that forward share the
+    object (compare with ``is``); the batch budget policy corrects its cost table with it."""
+
+    batch: int
+    rows: int
+    seconds: float
+
+
 @dataclass
 class SequenceState:
     """One sequence being generated: everything that is not shared between sequences."""
@@ -76,6 +87,10 @@ class SequenceState:
     """Drafting time of the last step (shared by a batch's sequences). A drafter's catch-up
     prefill (a draft model prefilling the prompt at its first proposal, or a backlog) counts as
     the sequence's prefill (``stats.prefill_s``), not as drafting."""
+    last_forward: ForwardTiming | None = None
+    """The target forward of the last step (shared by the sequences in it)."""
+    last_catch_up: tuple[int, float] = (0, 0.0)
+    """Tokens and seconds of the last step's drafter catch-up prefill (``(0, 0.0)``: none)."""
     primed: bool = True
     """The drafters have what a speculative start gives them (the prompt's prefill outputs
     they asked for) or have drafted since; False for a sequence started with
@@ -214,6 +229,7 @@ class SpecEngine:
         t1 = self._now()
         # a drafter's one-off catch-up (a draft model prefilling a prompt) is prefill, not drafting
         catch_up = [sum(getattr(st, "catch_up_s", 0.0) for st in seq.drafter_states) if n > 0 and d > 0 else 0.0 for _, seq, n, d in live]
+        caught = [sum(getattr(st, "catch_up_tokens", 0) for st in seq.drafter_states) if n > 0 and d > 0 else 0 for _, seq, n, d in live]
         outs = self.target.forward_batch(
             [seq.slot for _, seq, _, _ in live],
             [[seq.context[-1], *tree.tokens] for (_, seq, _, _), tree in zip(live, trees)],
@@ -223,10 +239,12 @@ class SpecEngine:
         )
         t2 = self._now()
         draft_s = max(0.0, t1 - t0 - sum(catch_up))
-        for (b, seq, n, d), tree, out, own in zip(live, trees, outs, catch_up, strict=True):
+        forward = ForwardTiming(len(live), 1 + max(len(tree) for tree in trees), t2 - t1)
+        for (b, seq, n, d), tree, out, own, own_tokens in zip(live, trees, outs, catch_up, caught, strict=True):
             seq.last_budget = n if d > 0 else 0
             seq.primed = seq.primed or seq.last_budget > 0
             seq.stats.prefill_s += own
+            seq.last_forward, seq.last_catch_up = forward, (own_tokens, own)
             emitted[b] = self._finish_step(seq, tree, out, draft_s=draft_s, forward_s=t2 - t1)
         return emitted
 
@@ -271,6 +289,16 @@ class SpecEngine:
             d.end(state)
         self.target.release(seq.slot)
         seq.stats.total_s = self._now() - seq.started
+
+    def pending_prefill(self, seq: SequenceState) -> int:
+        """Tokens the drafters would prefill apart at the sequence's next drafting step (a draft
+        model's catch-up: the prompt at its first proposal, or a long backlog); 0 for drafters
+        without such a cost."""
+        return sum(
+            d.pending_prefill(state, seq.context)
+            for d, state in zip(self.drafters, seq.drafter_states, strict=True)
+            if hasattr(d, "pending_prefill")
+        )
 
     # -- the steps -----------------------------------------------------------------------------
 

@@ -9,8 +9,9 @@ in expectation, so the predicted throughput is::
     thr(B, k) = B * E(k) / (T(B, k + 1) + D(B, k))
 
 with ``T(B, n)`` the target forward of ``B x n`` rows (the :class:`CostTable`, measured by
-``specgraft profile``) and ``D`` the drafting time per step (measured online from the steps
-run; 0 at ``k = 0``, where no drafter runs). :class:`AdaptiveBudget` picks the ``k`` in
+``specgraft profile``, corrected by the forwards the policy sees run:
+:meth:`AdaptiveBudget.target_cost`) and ``D`` the drafting time per step (measured online from
+the steps run; 0 at ``k = 0``, where no drafter runs). :class:`AdaptiveBudget` picks the ``k`` in
 ``{0} + budgets`` that maximises it, per batch size, and recomputes when ``B`` changes or every
 ``refresh`` steps. ``k = 0`` is plain batched decoding, so speculation never makes a batch
 slower than the cost table predicts plain decoding to be; and it must predict more than
@@ -34,8 +35,18 @@ Worked example (1.5B fp32 on this CPU): ``T(1, 1) = 0.30 s``, ``T(1, 9) = 0.50 s
 ``T(8, 9) = 2.4 s``: ``thr(8, 8) = 13.7`` against ``thr(8, 0) = 11.8``, so speculation still
 pays, but a method with ``a = [0.4, 0.2, 0.1]`` falls back to plain decoding there.
 
-The budget depends only on past steps (costs, acceptance counts), never on the values of the
-drafts it caps, so it keeps every verifier exact.
+**What the policy measures itself.** Every batched step reports its target forward's shape and
+time, and the policy scales the table by the measured ratio per batch size and row count, so a
+table measured at another context length, or on a machine whose speed has drifted since, stops
+deciding once the real steps are in. A batch that speculates decodes one step plainly at its
+first step at a batch size (and once every ``explore`` speculating steps) to measure what it is
+comparing against. A sequence whose drafters must first prefill what they have not cached (a
+draft model prefilling the prompt at its first proposal) drafts only if its remaining tokens
+can pay that prefill back (:meth:`AdaptiveBudget.pays_back`, from the measured seconds per
+catch-up token); otherwise it decodes plainly inside the drafting batch.
+
+The budget depends only on past steps (costs, acceptance counts) and on how many tokens a
+sequence has left, never on the values of the drafts it caps, so it keeps every verifier exact.
 """
 
 from __future__ import annotations
@@ -62,6 +73,9 @@ GAINS_PRIOR_WEIGHT = 32.0
 #: wrong table: the Zen 4 bench-serve run that lost at B = 4 predicted +35% for drafting there
 #: (benchmarks/RESULTS.md, issue 12).
 SPECULATE_MARGIN = 0.02
+#: Weight of a new measurement in the running averages of what the policy measures itself
+#: (target forward cost per shape relative to the table, catch-up prefill seconds per token).
+COST_EMA = 0.25
 
 
 @dataclass(frozen=True)
@@ -95,6 +109,16 @@ class BudgetPolicy(Protocol):
         """One sequence's step: the budget its drafters had, the nodes they proposed, tree
         indices of the accepted nodes, the drafting time."""
 
+    def observe_forward(self, batch_size: int, rows: int, seconds: float) -> None:
+        """One target forward of ``batch_size`` sequences x ``rows`` rows took ``seconds``."""
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        """A drafter prefilled ``tokens`` it had not cached (a draft model's catch-up) in ``seconds``."""
+
+    def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
+        """Whether a sequence with ``remaining`` tokens to generate should draft at ``budget``
+        although its drafters must first prefill ``tokens`` they have not cached."""
+
 
 class FixedBudget:
     """Every sequence verifies its own budget (no cost model): single-sequence behaviour."""
@@ -107,6 +131,15 @@ class FixedBudget:
 
     def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
         pass
+
+    def observe_forward(self, batch_size: int, rows: int, seconds: float) -> None:
+        pass
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
+        return True
 
 
 @dataclass
@@ -385,6 +418,11 @@ class AdaptiveBudget:
             self.draft_prior = {k: d * step for k, d in zip(gains.budgets, gains.draft_steps, strict=True)}
         self.observed = 0
         self.draft_s: dict[int, float] = {}
+        # batch size -> rows per sequence -> measured / table cost of the target forward (EMA)
+        self.forward_ratio: dict[int, dict[int, float]] = {}
+        # seconds per token of a drafter's catch-up prefill (EMA; None until one is measured)
+        self.catch_up_per_token: float | None = None
+        self._speculating: dict[int, int] = {}
         self._choice: dict[int, int] = {}
         self._since: dict[int, int] = {}
         self._idle: dict[int, int] = {}
@@ -414,9 +452,36 @@ class AdaptiveBudget:
         Rows per sequence: one sequence feeds its tree as drafted (``1 + expected_nodes(k)``;
         prompt lookup often drafts fewer nodes than its budget); a batch is padded to its
         largest tree, taken as the full ``1 + k``."""
+        return batch_size * self.acceptance.expected_tokens(k) / self._step_cost(batch_size, k)
+
+    def _step_cost(self, batch_size: int, k: int) -> float:
+        """Predicted seconds of one batched step at budget ``k``: target forward + drafting."""
         draft = 0.0 if k == 0 else self._draft_cost(batch_size, k)
         rows = 1 + (self.acceptance.expected_nodes(k) if batch_size == 1 else k)
-        return batch_size * self.acceptance.expected_tokens(k) / (self.costs.cost(batch_size, rows) + draft)
+        return self.target_cost(batch_size, rows) + draft
+
+    def target_cost(self, batch_size: int, rows: float) -> float:
+        """``T(B, n)``: the cost table's forward, corrected by what this policy measured.
+
+        Every batched step reports its target forward (:meth:`observe_forward`); per batch size
+        the policy keeps the ratio measured / table for each row count it ran (a running
+        average), and scales the table by that ratio, interpolated linearly in rows between
+        the row counts measured at this batch size and flat beyond them (1.0 at a batch size
+        never run). A table is measured once, at 512 cached tokens, on a machine whose speed
+        drifts; the Zen 4 run of ``benchmarks/RESULTS.md`` (issue 12) had a plain ``B = 4``
+        step at 0.20 s where its table said 0.32 s, and drafted because of it.
+
+        >>> p = AdaptiveBudget(CostTable("m", "cpu", {4: {1: 0.32, 8: 0.8}}))
+        >>> p.observe_forward(4, 1, 0.20); p.observe_forward(4, 8, 0.8)
+        >>> round(p.target_cost(4, 1), 3), round(p.target_cost(4, 8), 3), round(p.target_cost(2, 1), 3)
+        (0.2, 0.8, 0.32)
+        """
+        base = self.costs.cost(batch_size, rows)
+        seen = self.forward_ratio.get(batch_size)
+        if not seen:
+            return base
+        xs = sorted(seen)
+        return base * _interp(seen, min(max(rows, xs[0]), xs[-1]))
 
     def _draft_cost(self, batch_size: int, k: int) -> float:
         """Drafting seconds per step: measured at this batch size; else the nearest measured
@@ -460,6 +525,8 @@ class AdaptiveBudget:
     def plan(self, batch_size: int, budgets: Sequence[int]) -> StepPlan:
         cap = max(budgets)
         choice = self.choice(batch_size, cap)
+        if choice > 0 and self._measure_plain(batch_size):
+            return StepPlan(cap=0)
         if choice > 0 or cap <= 0:
             return StepPlan(cap=choice)
         if self.observed < self.warmup:
@@ -472,9 +539,23 @@ class AdaptiveBudget:
             positive = [b for b in self.budgets if b <= cap] or [cap]
             probe = max(positive, key=lambda k: self.predicted(batch_size, k))
         split = batch_size > 1 and (
-            self.costs.cost(batch_size - 1, 1) + self.costs.cost(1, probe + 1) < self.costs.cost(batch_size, probe + 1)
+            self.target_cost(batch_size - 1, 1) + self.target_cost(1, probe + 1) < self.target_cost(batch_size, probe + 1)
         )
         return StepPlan(cap=0, probe=probe, split=split)
+
+    def _measure_plain(self, batch_size: int) -> bool:
+        """Whether a batch that speculates should decode plainly this step to measure what a
+        plain step costs: at its first speculating step at this batch size, then once every
+        ``explore`` such steps (0: only the first). The mirror of the probes: a policy that
+        always drafts would otherwise compare its measured drafting steps with the table's
+        plain step only (:meth:`target_cost`)."""
+        if 1 not in self.forward_ratio.get(batch_size, {}):
+            return True
+        n = self._speculating[batch_size] = self._speculating.get(batch_size, 0) + 1
+        if self.explore and n >= self.explore:
+            self._speculating[batch_size] = 0
+            return True
+        return False
 
     def speculating(self, batch_size: int, budget: int) -> bool:
         return budget > 0 and self.best(batch_size, budget) > 0
@@ -486,6 +567,46 @@ class AdaptiveBudget:
         self.acceptance.add(budget, accepted, tree_nodes)
         old = self.draft_s.get(batch_size)
         self.draft_s[batch_size] = draft_s if old is None else 0.9 * old + 0.1 * draft_s
+
+    def observe_forward(self, batch_size: int, rows: int, seconds: float) -> None:
+        """A target forward's measured time, as a ratio to the table's (:meth:`target_cost`).
+        The ratio is clipped to [0.2, 5]: one forward slowed by something else on the machine
+        should not rewrite a table."""
+        ratio = min(5.0, max(0.2, seconds / self.costs.cost(batch_size, rows)))
+        seen = self.forward_ratio.setdefault(batch_size, {})
+        seen[rows] = ratio if rows not in seen else (1 - COST_EMA) * seen[rows] + COST_EMA * ratio
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0:
+            return
+        per = seconds / tokens
+        old = self.catch_up_per_token
+        self.catch_up_per_token = per if old is None else (1 - COST_EMA) * old + COST_EMA * per
+
+    def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
+        """Whether drafting for a sequence with ``remaining`` tokens left repays the catch-up
+        prefill of ``tokens`` its drafters have not cached (a draft model prefilling the prompt
+        at its first proposal, or a backlog decoded while the budget was 0). The catch-up stalls
+        the whole batch for ``tokens x`` the measured seconds per token; drafting at budget
+        ``k`` saves the sequence's share of the batch's steps, ``remaining / B x (P - S / E(k))``
+        with ``S`` the predicted step at ``k``, ``E(k)`` its tokens per step, and ``P`` what a
+        plain step of the sequence costs (``T(1, 1)`` alone; ``S`` itself in a batch padded to
+        the others' trees). Before any catch-up is measured it answers yes (the first one is
+        then measured). The Zen 4 run of ``benchmarks/RESULTS.md`` (issue 12) paid 1.8 s to
+        prefill a 671-token prompt for a request with a few tokens left, the batch waiting.
+
+        >>> p = AdaptiveBudget(CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}, 4: {1: 0.45, 9: 1.2}}), Acceptance(prior=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.2, 0.1]))
+        >>> p.observe_catch_up(600, 3.0)  # 5 ms a token: 3 s for 600 tokens; at B = 4 a step of 1.2 s gives E(8) = 4.1
+        >>> # 8 tokens left at B = 4 save 8 / 4 x (1.2 - 1.2 / 4.1) = 1.8 s < 3 s; 32 tokens save 7.3 s
+        >>> p.pays_back(1, 8, 600, 32), p.pays_back(4, 8, 600, 8), p.pays_back(4, 8, 600, 32), p.pays_back(4, 8, 10, 8)
+        (True, False, True, True)
+        """
+        if self.catch_up_per_token is None:
+            return True
+        step = self._step_cost(batch_size, budget)
+        plain = self.target_cost(1, 1) if batch_size == 1 else step
+        saving = remaining / batch_size * (plain - step / self.acceptance.expected_tokens(budget))
+        return saving > tokens * self.catch_up_per_token
 
     def table(self, batch_sizes: Sequence[int], cap: int) -> list[dict]:
         """Per batch size: the chosen budget and predicted throughput of it and of plain decoding."""

@@ -14,7 +14,10 @@ sequences. Each :meth:`BatchEngine.step`:
    budget the :class:`~specgraft.batch.budget.BudgetPolicy` picks for this batch size
    (0 = plain decoding, when speculation would not pay; then at most one sequence *probes*,
    drafting to keep the policy's acceptance and drafting-time estimates current, in a
-   forward of its own when that is cheaper);
+   forward of its own when that is cheaper); a sequence whose draft model would first have to
+   prefill its prompt decodes plainly if the tokens it has left cannot pay that back
+   (``BudgetPolicy.pays_back``); every target forward's shape and time, and every such
+   catch-up, go back to the policy, which corrects its cost table with them;
 4. returns one :class:`BatchEvent` per request that emitted tokens or finished; finished
    sequences leave (their slots are reused by the next admitted request).
 
@@ -178,9 +181,14 @@ class BatchEngine:
             emitted = self._run_step(seqs, plan)
             self.stats.steps += 1
             self.stats.sequence_steps += len(seqs)
+            forwards = {id(s.last_forward): s.last_forward for s in seqs if s.last_forward is not None}
+            for f in forwards.values():
+                self.policy.observe_forward(f.batch, f.rows, f.seconds)
             for rid, seq, tokens in zip(ids, seqs, emitted, strict=True):
                 self.stats.tokens += len(tokens)
                 self.policy.observe(len(seqs), seq.last_budget, seq.last_tree_nodes, seq.last_accepted, seq.last_draft_s)
+                if seq.last_catch_up[0]:
+                    self.policy.observe_catch_up(*seq.last_catch_up)
                 if seq.done:
                     events.append(self._retire(rid, tokens))
                 elif tokens:
@@ -188,13 +196,30 @@ class BatchEngine:
         self.stats.step_s += time.perf_counter() - t0
         return events
 
+    def _pays_back(self, seq: SequenceState, batch: int, cap: int | None) -> bool:
+        """Whether ``seq`` may draft under ``cap`` this step: always, unless its drafters would
+        first prefill what they have not cached (a draft model's catch-up) and the policy says
+        the tokens it has left cannot pay that back (``BudgetPolicy.pays_back``)."""
+        budget = seq.config.budget if cap is None else min(cap, seq.config.budget)
+        if budget <= 0:
+            return True
+        pending = self.engine.pending_prefill(seq)
+        remaining = seq.config.max_new_tokens - seq.stats.new_tokens
+        return not pending or self.policy.pays_back(batch, budget, pending, remaining)
+
     def _run_step(self, seqs: list[SequenceState], plan: StepPlan) -> list[list[int]]:
-        """``step_batch`` under ``plan``: a probe goes to the first sequence whose drafters are
+        """``step_batch`` under ``plan``: a sequence whose catch-up would not pay back decodes
+        plainly (:meth:`_pays_back`); a probe goes to the first sequence whose drafters are
         primed (else the first), in its own forward when ``plan.split``."""
         if not plan.probe:
-            return self.engine.step_batch(seqs, plan.cap)
-        self.stats.probe_steps += 1
+            if plan.cap == 0:
+                return self.engine.step_batch(seqs, 0)
+            caps = [plan.cap if self._pays_back(s, len(seqs), plan.cap) else 0 for s in seqs]
+            return self.engine.step_batch(seqs, caps if 0 in caps else plan.cap)
         p = next((i for i, s in enumerate(seqs) if s.primed), 0)
+        if not self._pays_back(seqs[p], len(seqs), plan.probe):
+            return self.engine.step_batch(seqs, 0)
+        self.stats.probe_steps += 1
         if plan.split and len(seqs) > 1:
             rest = self.engine.step_batch(seqs[:p] + seqs[p + 1 :], 0)
             probed = self.engine.step_batch([seqs[p]], plan.probe)

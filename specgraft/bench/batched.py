@@ -12,7 +12,9 @@ numerics, so a divergence there is the peer's, not ours).
 
 Every generation runs ``max_new_tokens`` tokens (EOS is an ordinary token), so every method and
 batch size does the same work. Speed is a ratio against batched ``ar`` at the same ``B`` in
-the same run.
+the same run: with ``bracket`` (the default) ``ar`` runs again after the other methods at each
+batch size (row ``ar-end``) and the ratios are against the mean of the two passes, as ``bench``
+brackets its baselines; the log says how far the two passes drifted apart.
 
 Each method keeps **one** :class:`~specgraft.batch.AdaptiveBudget` for the whole run (batch
 sizes in the order given), as a server keeps one policy while its load changes: its warm-up
@@ -146,6 +148,7 @@ def bench_batches(
     costs: CostTable | None,
     hf: bool = True,
     log: Callable[[str], None] = print,
+    bracket: bool = True,
 ) -> list[BatchRow]:
     """Every method in ``decoders`` (``ar`` first) at every batch size; see the module docstring."""
     from specgraft.api import SpecDecoder
@@ -161,44 +164,64 @@ def bench_batches(
     for name, policy in policies.items():
         log(f"{name}: adaptive budget, prior from {policy.prior}")
     for b in batch_sizes:
-        ar_tps = None
+        first = len(rows)
         for name, dec in decoders.items():
-            policy = policies.get(name)
-            cfg = dec.resolve(config)
-            run = run_batched(dec, prompts, cfg, b, policy)
-            outs, lat, wall, stats = run.outputs, run.latencies_s, run.wall_s, run.stats
-            total = sum(len(o) for o in outs)
-            steps = sum(s.steps for s in stats)
-            proposed = sum((s.proposed_by_source for s in stats), Counter())
-            accepted = sum((s.accepted_by_source for s in stats), Counter())
-            used = run.budget_by_batch.get(b)
-            row = BatchRow(
-                method=name, batch=b, prompts=len(prompts), tokens=total, wall_s=wall, tokens_per_s=total / wall,
-                latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=total / steps if steps else 0.0,
-                exact=outs == reference, budget=used if name != "ar" else 0,
-                predicted_tokens_per_s=_predicted(costs, policy, b, used),
-                rss_mb=rss_mb(), kv_mb=kv_mb(dec.target, *(getattr(d, "lm", None) for d in dec.engine.drafters)),
-                acceptance_by_source={k: accepted[k] / v for k, v in proposed.items() if v},
-                commit_share=sum(s.commit_s for s in stats) / wall, probe_steps=run.probe_steps,
-            )
-            if name == "ar":
-                ar_tps = row.tokens_per_s
-            row.ratio_vs_ar = row.tokens_per_s / ar_tps if ar_tps else None
-            rows.append(row)
-            log(_line(row))
+            rows.append(_method_row(name, dec, prompts, config, b, policies.get(name), reference, costs))
+            rows[-1].ratio_vs_ar = rows[-1].tokens_per_s / rows[first].tokens_per_s  # against the first ar pass until _ratios
+            log(_line(rows[-1]))
         if hf:
             model = ar.model
             pad = (ar.engine.eos_token_ids and min(ar.engine.eos_token_ids)) or 0
             outs, lat, wall = hf_padded(model, prompts, max_new_tokens, b, pad)
             total = sum(len(o) for o in outs)
-            row = BatchRow(
+            rows.append(BatchRow(
                 method="hf", batch=b, prompts=len(prompts), tokens=total, wall_s=wall, tokens_per_s=total / wall,
-                latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=1.0, exact=outs == reference,
-                rss_mb=rss_mb(), ratio_vs_ar=(total / wall) / ar_tps if ar_tps else None,
-            )
-            rows.append(row)
-            log(_line(row))
+                latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=1.0, exact=outs == reference, rss_mb=rss_mb(),
+                ratio_vs_ar=total / wall / rows[first].tokens_per_s,
+            ))
+            log(_line(rows[-1]))
+        if bracket:
+            rows.append(_method_row("ar-end", ar, prompts, config, b, None, reference, costs))
+        _ratios(rows[first:], log)
     return rows
+
+
+def _method_row(name: str, dec, prompts, config, batch: int, policy: AdaptiveBudget | None, reference, costs: CostTable | None) -> BatchRow:
+    """One method's pass over every prompt at batch size ``batch`` (ratio filled in by :func:`_ratios`)."""
+    run = run_batched(dec, prompts, dec.resolve(config), batch, policy)
+    outs, lat, wall, stats = run.outputs, run.latencies_s, run.wall_s, run.stats
+    total = sum(len(o) for o in outs)
+    steps = sum(s.steps for s in stats)
+    proposed = sum((s.proposed_by_source for s in stats), Counter())
+    accepted = sum((s.accepted_by_source for s in stats), Counter())
+    used = run.budget_by_batch.get(batch)
+    return BatchRow(
+        method=name, batch=batch, prompts=len(prompts), tokens=total, wall_s=wall, tokens_per_s=total / wall,
+        latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=total / steps if steps else 0.0,
+        exact=outs == reference, budget=used if policy is not None else 0,
+        predicted_tokens_per_s=_predicted(costs, policy, batch, used),
+        rss_mb=rss_mb(), kv_mb=kv_mb(dec.target, *(getattr(d, "lm", None) for d in dec.engine.drafters)),
+        acceptance_by_source={k: accepted[k] / v for k, v in proposed.items() if v},
+        commit_share=sum(s.commit_s for s in stats) / wall, probe_steps=run.probe_steps,
+    )
+
+
+def _ratios(rows: list[BatchRow], log: Callable[[str], None]) -> None:
+    """Every row's ratio against batched ``ar`` at its batch size: against the mean of the two
+    ``ar`` passes (first and ``ar-end``, in total time for the same tokens) when the run is
+    bracketed, so the machine's drift between them is shared out rather than charged to the
+    methods that ran last; the log gives the drift and the bracketed ratios."""
+    ar = next(r for r in rows if r.method == "ar")
+    end = next((r for r in rows if r.method == "ar-end"), None)
+    ar_tps = ar.tokens / ((ar.wall_s + end.wall_s) / 2) if end is not None else ar.tokens_per_s
+    for r in rows:
+        r.ratio_vs_ar = r.tokens_per_s / ar_tps
+    if end is not None:
+        log(_line(end))
+        log(
+            f"B={ar.batch} bracketed by ar and ar-end (drift {end.tokens_per_s / ar.tokens_per_s:.3f}): "
+            + ", ".join(f"{r.method} {r.ratio_vs_ar:.3f}x" for r in rows if r.method not in ("ar", "ar-end"))
+        )
 
 
 def _predicted(costs: CostTable | None, policy: AdaptiveBudget | None, batch: int, budget: int | None) -> float | None:

@@ -77,6 +77,9 @@ def bench_serve(
     ),
     draft_quant: str = typer.Option("auto", "--draft-quant", help="Numerics of the draft model only: auto, int8, bf16, fp16 or none."),
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also run Hugging Face generate on padded batches."),
+    bracket: bool = typer.Option(
+        True, "--bracket/--no-bracket", help="Run ar again after the methods at each batch size (ar-end); ratios against the mean of both passes.",
+    ),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, bfloat16, float16 or float32."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (recorded)."),
@@ -119,10 +122,11 @@ def bench_serve(
         prompts.append(ids)
     if not prompts:
         raise ValueError("no prompt of the suite fits the context window")
-    rows = bench_batches(decoders, prompts, sizes, max_new_tokens, costs, hf=hf, log=console.print)
+    rows = bench_batches(decoders, prompts, sizes, max_new_tokens, costs, hf=hf, log=console.print, bracket=bracket)
     meta = {
         "model": model, "draft_model": draft_model, "methods": names, "batch_sizes": sizes, "suite": suite, "prompts": len(prompts),
         "max_new_tokens": max_new_tokens, "cost_table": str(path) if path else None, "threads": torch.get_num_threads(),
         "device": str(ar.target.device), "dtype": str(ar.target.dtype).replace("torch.", ""), "draft_quant": draft_quant if draft_model else None,
+        "bracket": bracket,
     }
     typer.echo(write_rows(rows, out, meta).read_text())

@@ -340,6 +340,17 @@ class DraftLanguageModel(Protocol):
 CATCH_UP_CHAIN = 16
 
 
+def _catches_up(committed: int, pending: int) -> bool:
+    """Whether ``pending`` uncached tokens (the root included) after ``committed`` cached ones
+    are prefilled apart (the prompt, or a backlog longer than ``CATCH_UP_CHAIN``) rather than
+    fed in the root forward.
+
+    >>> _catches_up(0, 600), _catches_up(580, 3), _catches_up(580, 40)
+    (True, False, True)
+    """
+    return pending > 1 and (committed == 0 or pending > CATCH_UP_CHAIN)
+
+
 @dataclass
 class _Rows:
     """One draft forward a proposal asks for: new pending rows of its slot (``forward_rows``)."""
@@ -376,6 +387,8 @@ class DraftState:
     forward_s: list[float] = field(default_factory=list)
     # wall time of the last proposal's catch-up prefill (0: none; not in forward_s)
     catch_up_s: float = 0.0
+    # tokens that catch-up prefilled
+    catch_up_tokens: int = 0
     # the most extension forwards of the next proposal (``DraftTreeConfig.extend_adapt``)
     extend_cap: int = 0
 
@@ -437,6 +450,15 @@ class DraftModelDrafter(StatelessDrafter):
             state.proposal = None
             return ModelDraft(source=self.name, tokens=[], parents=[])
         return trim(self.draft_pool(state, context, budget), budget)
+
+    def pending_prefill(self, state: DraftState, context: Sequence[int]) -> int:
+        """Tokens the next proposal would prefill apart before drafting (its catch-up: the
+        prompt at the first proposal, or a backlog longer than ``CATCH_UP_CHAIN`` tokens);
+        0 when it would not. The batch budget policy weighs this cost against what drafting
+        for the sequence's remaining tokens can save (``AdaptiveBudget.pays_back``)."""
+        committed = 0 if state.slot is None else self.lm.length(state.slot)
+        pending = len(context) - committed
+        return pending - 1 if _catches_up(committed, pending) else 0
 
     def _now(self) -> float:
         synchronize(self.lm.device)
@@ -504,7 +526,7 @@ class DraftModelDrafter(StatelessDrafter):
         cfg, lm, slot = self.config, self.lm, state.slot
         lm.discard(slot)  # a proposal never verified (propose called twice)
         state.forward_s = []
-        state.catch_up_s = 0.0
+        state.catch_up_s, state.catch_up_tokens = 0.0, 0
         state.proposal = None
         committed = lm.length(slot)
         if len(context) <= committed:
@@ -516,12 +538,12 @@ class DraftModelDrafter(StatelessDrafter):
         dev = lm.device
         # the tokens accepted since the last commit, then the root: a chain of pending rows
         pending = [int(t) for t in context[committed:]]
-        if len(pending) > 1 and (committed == 0 or len(pending) > CATCH_UP_CHAIN):
+        if _catches_up(committed, len(pending)):
             # the prompt (first proposal) or a long plain-decoding stretch: prefill it apart (not
             # timed in forward_s, which is the per-forward drafting cost)
             t0 = self._now()
             lm.prefill(slot, pending[:-1])
-            state.catch_up_s = self._now() - t0
+            state.catch_up_s, state.catch_up_tokens = self._now() - t0, len(pending) - 1
             pending = pending[-1:]
         out = yield _Rows(pending, list(range(-1, len(pending) - 1)))
         # [1, V]
