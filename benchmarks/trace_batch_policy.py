@@ -68,9 +68,15 @@ def main() -> None:
             c0, t0 = catch["s"], time.perf_counter()
             events = engine.step()
             tokens += sum(len(e.tokens) for e in events)
+            used = engine.stats.budget_by_batch.get(in_flight)
+            seqs = list(engine.running.values())
             steps.append({
-                "max_batch": b, "sequences": in_flight, "budget": engine.stats.budget_by_batch.get(in_flight),
+                "max_batch": b, "sequences": in_flight, "budget": used,
                 "step_s": round(time.perf_counter() - t0, 4), "catch_up_s": round(catch["s"] - c0, 4),
+                "tokens": sum(len(e.tokens) for e in events),
+                "forward_s": round(seqs[0].last_forward.seconds, 4) if seqs and seqs[0].last_forward else None,
+                "rows": seqs[0].last_forward.rows if seqs and seqs[0].last_forward else None,
+                "predicted": {k: round(policy.predicted(in_flight, k), 3) for k in sorted({0, *(policy.budgets[:6])})},
                 "draft_s_estimates": {k: round(v, 4) for k, v in policy.draft_s.items()}, "probe_steps": engine.stats.probe_steps,
             })
         wall = time.perf_counter() - t_start

@@ -588,24 +588,29 @@ class AdaptiveBudget:
         prefill of ``tokens`` its drafters have not cached (a draft model prefilling the prompt
         at its first proposal, or a backlog decoded while the budget was 0). The catch-up stalls
         the whole batch for ``tokens x`` the measured seconds per token; drafting at budget
-        ``k`` saves the sequence's share of the batch's steps, ``remaining / B x (P - S / E(k))``
-        with ``S`` the predicted step at ``k``, ``E(k)`` its tokens per step, and ``P`` what a
-        plain step of the sequence costs (``T(1, 1)`` alone; ``S`` itself in a batch padded to
-        the others' trees). Before any catch-up is measured it answers yes (the first one is
-        then measured). The Zen 4 run of ``benchmarks/RESULTS.md`` (issue 12) paid 1.8 s to
-        prefill a 671-token prompt for a request with a few tokens left, the batch waiting.
+        ``k`` saves the sequence's share of the batch's steps, ``remaining / B x (T(B, 1) - S /
+        E(k))`` with ``S`` the predicted step at ``k`` and ``E(k)`` its tokens per step: the
+        gain of the batch drafting over the batch decoding plainly, per sequence. (In a batch
+        whose other sequences draft anyway, a sequence left plain still pays the padded step,
+        so this undervalues its catch-up; but when every sequence of a new batch must catch up,
+        as at each batch size of ``bench-serve``, only this comparison sees that the catch-ups
+        together cost more than the batch's small predicted gain.) Before any catch-up is
+        measured it answers yes (the first one is then measured). The Zen 4 run of
+        ``benchmarks/RESULTS.md`` (issue 12) paid 1.8 s to prefill a 671-token prompt for a
+        request with a few tokens left, the batch waiting; on a Zen 3 four 32-token requests
+        starting at ``B = 4`` paid 3.7 s of catch-ups for a predicted gain of 3%.
 
         >>> p = AdaptiveBudget(CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}, 4: {1: 0.45, 9: 1.2}}), Acceptance(prior=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.2, 0.1]))
-        >>> p.observe_catch_up(600, 3.0)  # 5 ms a token: 3 s for 600 tokens; at B = 4 a step of 1.2 s gives E(8) = 4.1
-        >>> # 8 tokens left at B = 4 save 8 / 4 x (1.2 - 1.2 / 4.1) = 1.8 s < 3 s; 32 tokens save 7.3 s
-        >>> p.pays_back(1, 8, 600, 32), p.pays_back(4, 8, 600, 8), p.pays_back(4, 8, 600, 32), p.pays_back(4, 8, 10, 8)
+        >>> p.observe_catch_up(600, 3.0)  # 5 ms a token: 3 s for 600 tokens
+        >>> # B = 4: plain 0.45 s a step, drafting 1.2 s for E(8) = 4.1, i.e. 0.29 s a token; 32 tokens
+        >>> # left save 32 / 4 x (0.45 - 0.29) = 1.3 s < 3 s, 128 save 5.0 s; B = 1, 32 left: 32 x (0.3 - 0.5 / 4.1) = 5.7 s
+        >>> p.pays_back(1, 8, 600, 32), p.pays_back(4, 8, 600, 32), p.pays_back(4, 8, 600, 128), p.pays_back(4, 8, 10, 32)
         (True, False, True, True)
         """
         if self.catch_up_per_token is None:
             return True
         step = self._step_cost(batch_size, budget)
-        plain = self.target_cost(1, 1) if batch_size == 1 else step
-        saving = remaining / batch_size * (plain - step / self.acceptance.expected_tokens(budget))
+        saving = remaining / batch_size * (self.target_cost(batch_size, 1) - step / self.acceptance.expected_tokens(budget))
         return saving > tokens * self.catch_up_per_token
 
     def table(self, batch_sizes: Sequence[int], cap: int) -> list[dict]:
