@@ -3,9 +3,15 @@
 Every method runs the same prompts at one batch size under a policy pinned to plain decoding
 (budget 0, no probes, no speculative starts), alternating with ``ar`` (``ar``, m1, m2, ...,
 ``ar``, m1, m2, ...) so that drift falls on every method alike; reports each pass's wall time
-and the median ratio to the neighbouring ``ar`` passes::
+and the ratio of the median ``ar`` pass to the method's median pass::
 
     python benchmarks/measure_fallback_overhead.py --batch 8 --rounds 2 --max-new-tokens 32
+
+``--policy adaptive`` runs each method under its own :class:`~specgraft.batch.AdaptiveBudget`
+instead (from the model's cost table and the method's measured gains, as ``bench-serve`` does),
+one policy per method kept across the rounds as a server keeps one: the alternating form of
+``bench-serve``'s comparison at one batch size, for when single passes drift more than the
+differences measured (``--out`` writes the passes as JSON).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from specgraft.batch.budget import FixedBudget, StepPlan
 class PinnedPlain(FixedBudget):
     """Budget 0 always: the work a method does when the policy has turned speculation off."""
 
-    def plan(self, batch_size, budgets):
+    def plan(self, batch_size, budgets, keys=None):
         return StepPlan(cap=0)
 
     def speculating(self, batch_size, budget):
@@ -44,6 +50,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--policy", choices=("plain", "adaptive"), default="plain")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     options = MethodOptions(graft=GraftOptions(draft_model=args.draft_model))
@@ -51,17 +59,36 @@ def main() -> None:
     decoders = {"ar": ar} | {m: ar.with_method(m) for m in args.methods.split(",")}
     prompts = [ar.encode(p.turns[0], chat=p.chat) for p in load_suite(args.suite).prompts]
     config = SpecDecoder.make_config(max_new_tokens=args.max_new_tokens, stop_on_eos=False)
+    policies = {m: PinnedPlain() for m in decoders}
+    if args.policy == "adaptive":
+        from specgraft.batch import AdaptiveBudget, CostTable
+
+        if ar.options.cost_table is None:
+            raise SystemExit("no cost table for this model and device: run `specgraft profile` first")
+        costs = CostTable.load(ar.options.cost_table)
+        policies |= {m: AdaptiveBudget.for_method(costs, m) for m in decoders if m != "ar"}
     walls: dict[str, list[float]] = {m: [] for m in decoders}
+    passes = []
     reference = None
     for r in range(args.rounds):
         for name, dec in decoders.items():
-            run = run_batched(dec, prompts, dec.resolve(config), args.batch, PinnedPlain())
+            run = run_batched(dec, prompts, dec.resolve(config), args.batch, policies[name])
             reference = reference or run.outputs
             walls[name].append(run.wall_s)
-            print(f"round {r} {name:<11} {run.wall_s:7.2f} s  exact {run.outputs == reference}", flush=True)
+            mat = sum(len(o) for o in run.outputs) / max(1, sum(st.steps for st in run.stats))
+            passes.append({"round": r, "method": name, "wall_s": round(run.wall_s, 3), "mat": round(mat, 3), "exact": run.outputs == reference})
+            print(f"round {r} {name:<11} {run.wall_s:7.2f} s  MAT {mat:.2f}  exact {run.outputs == reference}", flush=True)
     base = statistics.median(walls["ar"])
+    summary = {}
     for name, w in walls.items():
+        summary[name] = round(base / statistics.median(w), 4)
         print(f"{name:<11} median {statistics.median(w):7.2f} s  ratio vs ar {base / statistics.median(w):.3f}  passes {[round(x, 1) for x in w]}")
+    if args.out:
+        import json
+        from pathlib import Path
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"args": vars(args), "passes": passes, "ratio_vs_ar": summary}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

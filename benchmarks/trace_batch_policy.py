@@ -77,6 +77,7 @@ def main() -> None:
                 "forward_s": round(seqs[0].last_forward.seconds, 4) if seqs and seqs[0].last_forward else None,
                 "rows": seqs[0].last_forward.rows if seqs and seqs[0].last_forward else None,
                 "predicted": {k: round(policy.predicted(in_flight, k), 3) for k in sorted({0, *(policy.budgets[:6])})},
+                "multipliers": [round(policy.multiplier(rid), 3) for rid in engine.running],
                 "draft_s_estimates": {k: round(v, 4) for k, v in policy.draft_s.items()}, "probe_steps": engine.stats.probe_steps,
             })
         wall = time.perf_counter() - t_start

@@ -76,6 +76,9 @@ SPECULATE_MARGIN = 0.02
 #: Weight of a new measurement in the running averages of what the policy measures itself
 #: (target forward cost per shape relative to the table, catch-up prefill seconds per token).
 COST_EMA = 0.25
+#: Expected accepted nodes a sequence's own record is shrunk by towards the pooled estimate
+#: (:meth:`AdaptiveBudget.multiplier`): about four draft-tree steps' worth.
+SEQUENCE_PRIOR = 8.0
 
 
 @dataclass(frozen=True)
@@ -97,17 +100,21 @@ class StepPlan:
 
 
 class BudgetPolicy(Protocol):
-    def plan(self, batch_size: int, budgets: Sequence[int]) -> StepPlan:
-        """This step's plan for a batch whose sequences have ``budgets`` of their own."""
+    def plan(self, batch_size: int, budgets: Sequence[int], keys: Sequence[str] | None = None) -> StepPlan:
+        """This step's plan for a batch whose sequences have ``budgets`` of their own (``keys``:
+        the sequences' request ids, for a policy that tracks sequences apart)."""
 
     def speculating(self, batch_size: int, budget: int) -> bool:
         """Whether a sequence (own ``budget``) joining a batch of ``batch_size`` is expected to
         draft; if not it starts without its drafters' optional prefill work
         (``SpecEngine.start(speculative=False)``)."""
 
-    def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
+    def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float, key: str | None = None) -> None:
         """One sequence's step: the budget its drafters had, the nodes they proposed, tree
-        indices of the accepted nodes, the drafting time."""
+        indices of the accepted nodes, the drafting time (``key``: the sequence's request id)."""
+
+    def release(self, key: str) -> None:
+        """The sequence ``key`` has left the batch."""
 
     def observe_forward(self, batch_size: int, rows: int, seconds: float) -> None:
         """One target forward of ``batch_size`` sequences x ``rows`` rows took ``seconds``."""
@@ -123,13 +130,16 @@ class BudgetPolicy(Protocol):
 class FixedBudget:
     """Every sequence verifies its own budget (no cost model): single-sequence behaviour."""
 
-    def plan(self, batch_size: int, budgets: Sequence[int]) -> StepPlan:
+    def plan(self, batch_size: int, budgets: Sequence[int], keys: Sequence[str] | None = None) -> StepPlan:
         return StepPlan(cap=None)
 
     def speculating(self, batch_size: int, budget: int) -> bool:
         return True
 
-    def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
+    def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float, key: str | None = None) -> None:
+        pass
+
+    def release(self, key: str) -> None:
         pass
 
     def observe_forward(self, batch_size: int, rows: int, seconds: float) -> None:
@@ -423,6 +433,8 @@ class AdaptiveBudget:
         # seconds per token of a drafter's catch-up prefill (EMA; None until one is measured)
         self.catch_up_per_token: float | None = None
         self._speculating: dict[int, int] = {}
+        # request id -> [accepted nodes, accepted nodes the pooled estimate expected] over its drafting steps
+        self._sequences: dict[str, list[float]] = {}
         self._choice: dict[int, int] = {}
         self._since: dict[int, int] = {}
         self._idle: dict[int, int] = {}
@@ -446,13 +458,38 @@ class AdaptiveBudget:
 
         return cls(costs, gains=budget_gains(method), **kwargs)
 
-    def predicted(self, batch_size: int, k: int) -> float:
+    def predicted(self, batch_size: int, k: int, keys: Sequence[str] | None = None) -> float:
         """Predicted tokens/s of the whole batch at budget ``k``.
 
         Rows per sequence: one sequence feeds its tree as drafted (``1 + expected_nodes(k)``;
         prompt lookup often drafts fewer nodes than its budget); a batch is padded to its
-        largest tree, taken as the full ``1 + k``."""
-        return batch_size * self.acceptance.expected_tokens(k) / self._step_cost(batch_size, k)
+        largest tree, taken as the full ``1 + k``. With ``keys`` (the sequences in flight),
+        each sequence's accepted nodes are the pooled estimate's times its own
+        :meth:`multiplier`."""
+        accepted = self.acceptance.expected_tokens(k) - 1
+        if keys:
+            tokens = sum(1 + accepted * self.multiplier(key) for key in keys) * batch_size / len(keys)
+        else:
+            tokens = batch_size * (1 + accepted)
+        return tokens / self._step_cost(batch_size, k)
+
+    def multiplier(self, key: str) -> float:
+        """How much of the pooled estimate's accepted nodes this sequence gets: its accepted nodes
+        over what the pooled estimate expected at the budgets it drafted with, shrunk towards 1
+        by :data:`SEQUENCE_PRIOR` expected nodes (1 for a sequence that has not drafted).
+
+        Acceptance depends on the text far more than on anything else: on the Zen 3 trace of
+        ``benchmarks/RESULTS.md`` (issue 12) draft-tree's writing prompts accepted 0.81 nodes a
+        step where the pooled estimate, fed by every prompt so far, expected 2.2, and the batch
+        drafted at a 40% loss. The budget still depends only on past steps.
+
+        >>> p = AdaptiveBudget(CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}}), Acceptance(prior=[0.5] * 8, prior_weight=1e9))
+        >>> for _ in range(12): p.observe(1, 4, 4, [0], 0.0, key="a")  # 1 accepted a step where 2 were expected
+        >>> round(p.multiplier("a"), 3), p.multiplier("b")  # (12 + 8) / (24 + 8)
+        (0.625, 1.0)
+        """
+        acc, expected = self._sequences.get(key, (0.0, 0.0))
+        return (acc + SEQUENCE_PRIOR) / (expected + SEQUENCE_PRIOR)
 
     def _step_cost(self, batch_size: int, k: int) -> float:
         """Predicted seconds of one batched step at budget ``k``: target forward + drafting."""
@@ -496,7 +533,7 @@ class AdaptiveBudget:
             return _interp(self.draft_prior, min(k, max(self.draft_prior)))
         return 0.0
 
-    def best(self, batch_size: int, cap: int) -> int:
+    def best(self, batch_size: int, cap: int, keys: Sequence[str] | None = None) -> int:
         """The budget with the best prediction, but 0 unless that beats plain decoding's by more
         than :data:`SPECULATE_MARGIN`.
 
@@ -508,23 +545,23 @@ class AdaptiveBudget:
         candidates = [0] + [b for b in self.budgets if b <= cap]
         if cap not in candidates and cap > 0:
             candidates.append(cap)
-        k = max(candidates, key=lambda k: (self.predicted(batch_size, k), -k))
-        if k > 0 and self.predicted(batch_size, k) <= (1 + SPECULATE_MARGIN) * self.predicted(batch_size, 0):
+        k = max(candidates, key=lambda k: (self.predicted(batch_size, k, keys), -k))
+        if k > 0 and self.predicted(batch_size, k, keys) <= (1 + SPECULATE_MARGIN) * self.predicted(batch_size, 0, keys):
             return 0
         return k
 
-    def choice(self, batch_size: int, cap: int) -> int:
+    def choice(self, batch_size: int, cap: int, keys: Sequence[str] | None = None) -> int:
         """The budget every sequence of the batch gets (recomputed every ``refresh`` steps)."""
         since = self._since.get(batch_size, 0)
         if batch_size not in self._choice or since >= self.refresh:
-            self._choice[batch_size] = self.best(batch_size, cap)
+            self._choice[batch_size] = self.best(batch_size, cap, keys)
             self._since[batch_size] = 0
         self._since[batch_size] = self._since.get(batch_size, 0) + 1
         return min(self._choice[batch_size], cap)
 
-    def plan(self, batch_size: int, budgets: Sequence[int]) -> StepPlan:
+    def plan(self, batch_size: int, budgets: Sequence[int], keys: Sequence[str] | None = None) -> StepPlan:
         cap = max(budgets)
-        choice = self.choice(batch_size, cap)
+        choice = self.choice(batch_size, cap, keys)
         if choice > 0 and self._measure_plain(batch_size):
             return StepPlan(cap=0)
         if choice > 0 or cap <= 0:
@@ -560,13 +597,20 @@ class AdaptiveBudget:
     def speculating(self, batch_size: int, budget: int) -> bool:
         return budget > 0 and self.best(batch_size, budget) > 0
 
-    def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float) -> None:
+    def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float, key: str | None = None) -> None:
         if budget == 0:
             return
         self.observed += 1
+        if key is not None:
+            seq = self._sequences.setdefault(key, [0.0, 0.0])
+            seq[0] += len(accepted)
+            seq[1] += self.acceptance.expected_tokens(budget) - 1
         self.acceptance.add(budget, accepted, tree_nodes)
         old = self.draft_s.get(batch_size)
         self.draft_s[batch_size] = draft_s if old is None else 0.9 * old + 0.1 * draft_s
+
+    def release(self, key: str) -> None:
+        self._sequences.pop(key, None)
 
     def observe_forward(self, batch_size: int, rows: int, seconds: float) -> None:
         """A target forward's measured time, as a ratio to the table's (:meth:`target_cost`).

@@ -176,7 +176,7 @@ class BatchEngine:
         if self.running:
             ids = list(self.running)
             seqs = [self.running[i] for i in ids]
-            plan = self.policy.plan(len(seqs), [s.config.budget for s in seqs])
+            plan = self.policy.plan(len(seqs), [s.config.budget for s in seqs], keys=ids)
             self.stats.budget_by_batch[len(seqs)] = plan.cap if plan.cap is not None else max(s.config.budget for s in seqs)
             emitted = self._run_step(seqs, plan)
             self.stats.steps += 1
@@ -186,7 +186,7 @@ class BatchEngine:
                 self.policy.observe_forward(f.batch, f.rows, f.seconds)
             for rid, seq, tokens in zip(ids, seqs, emitted, strict=True):
                 self.stats.tokens += len(tokens)
-                self.policy.observe(len(seqs), seq.last_budget, seq.last_tree_nodes, seq.last_accepted, seq.last_draft_s)
+                self.policy.observe(len(seqs), seq.last_budget, seq.last_tree_nodes, seq.last_accepted, seq.last_draft_s, key=rid)
                 if seq.last_catch_up[0]:
                     self.policy.observe_catch_up(*seq.last_catch_up)
                 if seq.done:
@@ -262,6 +262,7 @@ class BatchEngine:
     def _retire(self, request_id: str, tokens: list[int]) -> BatchEvent:
         seq = self.running.pop(request_id)
         self.engine.finish(seq)
+        self.policy.release(request_id)
         self.stats.requests_finished += 1
         return BatchEvent(request_id, tokens, finished=True, finish_reason=seq.finish_reason, stats=seq.stats)
 
