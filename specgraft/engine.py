@@ -228,8 +228,7 @@ class SpecEngine:
         trees = self.propose_batch([seq for _, seq, _, _ in live], [n for *_, n, _ in live], [d for *_, d in live])
         t1 = self._now()
         # a drafter's one-off catch-up (a draft model prefilling a prompt) is prefill, not drafting
-        catch_up = [sum(getattr(st, "catch_up_s", 0.0) for st in seq.drafter_states) if n > 0 and d > 0 else 0.0 for _, seq, n, d in live]
-        caught = [sum(getattr(st, "catch_up_tokens", 0) for st in seq.drafter_states) if n > 0 and d > 0 else 0 for _, seq, n, d in live]
+        catch_ups = [self._catch_up(seq) if n > 0 and d > 0 else (0, 0.0) for _, seq, n, d in live]
         outs = self.target.forward_batch(
             [seq.slot for _, seq, _, _ in live],
             [[seq.context[-1], *tree.tokens] for (_, seq, _, _), tree in zip(live, trees)],
@@ -238,13 +237,13 @@ class SpecEngine:
             hidden_layer=self.hidden_layer,
         )
         t2 = self._now()
-        draft_s = max(0.0, t1 - t0 - sum(catch_up))
+        draft_s = max(0.0, t1 - t0 - sum(s for _, s in catch_ups))
         forward = ForwardTiming(len(live), 1 + max(len(tree) for tree in trees), t2 - t1)
-        for (b, seq, n, d), tree, out, own, own_tokens in zip(live, trees, outs, catch_up, caught, strict=True):
+        for (b, seq, n, d), tree, out, own in zip(live, trees, outs, catch_ups, strict=True):
             seq.last_budget = n if d > 0 else 0
             seq.primed = seq.primed or seq.last_budget > 0
-            seq.stats.prefill_s += own
-            seq.last_forward, seq.last_catch_up = forward, (own_tokens, own)
+            seq.stats.prefill_s += own[1]
+            seq.last_forward, seq.last_catch_up = forward, own
             emitted[b] = self._finish_step(seq, tree, out, draft_s=draft_s, forward_s=t2 - t1)
         return emitted
 
@@ -289,6 +288,12 @@ class SpecEngine:
             d.end(state)
         self.target.release(seq.slot)
         seq.stats.total_s = self._now() - seq.started
+
+    @staticmethod
+    def _catch_up(seq: SequenceState) -> tuple[int, float]:
+        """Tokens and seconds the drafters' last proposal spent on catch-up prefill."""
+        states = seq.drafter_states
+        return sum(getattr(st, "catch_up_tokens", 0) for st in states), sum(getattr(st, "catch_up_s", 0.0) for st in states)
 
     def pending_prefill(self, seq: SequenceState) -> int:
         """Tokens the drafters would prefill apart at the sequence's next drafting step (a draft

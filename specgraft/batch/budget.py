@@ -229,6 +229,15 @@ class CostTable:
             raise ValueError(f"{path} is not a specgraft cost table ({e})") from e
 
 
+def _ema(old: float | None, new: float, weight: float) -> float:
+    """A running average: ``new`` alone at first, then ``weight`` of each new value.
+
+    >>> _ema(None, 2.0, 0.25), _ema(2.0, 4.0, 0.25)
+    (2.0, 2.5)
+    """
+    return new if old is None else (1 - weight) * old + weight * new
+
+
 def _interp(points: dict[int, float], x: float) -> float:
     """Piecewise-linear through ``points``, extended linearly past the last two (and flat below the first)."""
     xs = sorted(points)
@@ -606,8 +615,7 @@ class AdaptiveBudget:
             seq[0] += len(accepted)
             seq[1] += self.acceptance.expected_tokens(budget) - 1
         self.acceptance.add(budget, accepted, tree_nodes)
-        old = self.draft_s.get(batch_size)
-        self.draft_s[batch_size] = draft_s if old is None else 0.9 * old + 0.1 * draft_s
+        self.draft_s[batch_size] = _ema(self.draft_s.get(batch_size), draft_s, 0.1)
 
     def release(self, key: str) -> None:
         self._sequences.pop(key, None)
@@ -618,14 +626,12 @@ class AdaptiveBudget:
         should not rewrite a table."""
         ratio = min(5.0, max(0.2, seconds / self.costs.cost(batch_size, rows)))
         seen = self.forward_ratio.setdefault(batch_size, {})
-        seen[rows] = ratio if rows not in seen else (1 - COST_EMA) * seen[rows] + COST_EMA * ratio
+        seen[rows] = _ema(seen.get(rows), ratio, COST_EMA)
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         if tokens <= 0:
             return
-        per = seconds / tokens
-        old = self.catch_up_per_token
-        self.catch_up_per_token = per if old is None else (1 - COST_EMA) * old + COST_EMA * per
+        self.catch_up_per_token = _ema(self.catch_up_per_token, seconds / tokens, COST_EMA)
 
     def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
         """Whether drafting for a sequence with ``remaining`` tokens left repays the catch-up

@@ -214,8 +214,7 @@ class BatchEngine:
         if not plan.probe:
             if plan.cap == 0:
                 return self.engine.step_batch(seqs, 0)
-            caps = [plan.cap if self._pays_back(s, len(seqs), plan.cap) else 0 for s in seqs]
-            return self.engine.step_batch(seqs, caps if 0 in caps else plan.cap)
+            return self.engine.step_batch(seqs, [plan.cap if self._pays_back(s, len(seqs), plan.cap) else 0 for s in seqs])
         p = next((i for i, s in enumerate(seqs) if s.primed), 0)
         if not self._pays_back(seqs[p], len(seqs), plan.probe):
             return self.engine.step_batch(seqs, 0)

@@ -198,7 +198,7 @@ def _method_row(name: str, dec, prompts, config, batch: int, policy: AdaptiveBud
     return BatchRow(
         method=name, batch=batch, prompts=len(prompts), tokens=total, wall_s=wall, tokens_per_s=total / wall,
         latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=total / steps if steps else 0.0,
-        exact=outs == reference, budget=used if policy is not None else 0,
+        exact=outs == reference, budget=0 if name in ("ar", "ar-end") else used,
         predicted_tokens_per_s=_predicted(costs, policy, batch, used),
         rss_mb=rss_mb(), kv_mb=kv_mb(dec.target, *(getattr(d, "lm", None) for d in dec.engine.drafters)),
         acceptance_by_source={k: accepted[k] / v for k, v in proposed.items() if v},
