@@ -191,3 +191,22 @@ def test_docstring_examples(module):
 
     result = doctest.testmod(importlib.import_module(f"specgraft.{module}"))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_shipped_gpu_tables_are_found_and_give_gpu_budgets():
+    """The tables measured on an H200 for the catalog models (``benchmarks/results-gpu-h200``)
+    serve any CUDA device without ``specgraft profile``, and from them every method with
+    measured gains gets at least the budget the shipped CPU table gives it."""
+    from specgraft.batch.profile import SHIPPED_DIR, find_cost_table
+
+    for model in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"):
+        found = find_cost_table(f"/anywhere/{model}", "cuda:0")
+        assert found == SHIPPED_DIR / f"{model}-cuda.json"
+        costs = CostTable.load(found)
+        assert costs.device.startswith("cuda") and costs.cost(1, 64) < 2 * costs.cost(1, 1), "a GPU verifies 64 rows for ~one step"
+    cpu, gpu = find_cost_table("qwen2.5-coder-1.5b-instruct", "cpu", 2), find_cost_table("qwen2.5-coder-1.5b-instruct", "cuda")
+    unextended = GraftOptions(extend=gains_meta().get("extend", 0), stop_min=gains_meta().get("stop_min", 0.0))
+    for name in ("pld", "recycling", "ptd", "draft-tree"):
+        on_cpu = derived_budget(name, MethodOptions(cost_table=str(cpu), graft=unextended))
+        on_gpu = derived_budget(name, MethodOptions(cost_table=str(gpu), graft=unextended))
+        assert on_cpu is not None and on_gpu is not None and on_gpu.budget >= on_cpu.budget, name

@@ -44,7 +44,7 @@ def perturbed(model: torch.nn.Module, scale: float = 0.1, seed: int = 7) -> torc
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * p.std() * scale)
+            p.add_(torch.randn(p.shape, generator=g).to(p.device) * p.std() * scale)
     return draft
 
 

@@ -128,3 +128,19 @@ def test_docstring_examples():
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_gpu_forwards_leave_out_cudnn_attention():
+    """On CUDA our forwards run under :func:`attention_backends`, which drops cuDNN's SDPA (it
+    builds a plan per new key length: 3.8 s of attention in a 64-token generation on an H200);
+    elsewhere torch chooses. The flags are global, so this runs without a GPU."""
+    from specgraft.models.hf import attention_backends
+
+    flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled, torch.backends.cuda.math_sdp_enabled)
+    before = [f() for f in flags]
+    assert before[0], "torch enables cuDNN attention by default"
+    with attention_backends(torch.device("cuda")):
+        assert [f() for f in flags] == [False, True, True]
+    assert [f() for f in flags] == before, "the flags come back after the forward"
+    with attention_backends(torch.device("cpu")):
+        assert [f() for f in flags] == before
