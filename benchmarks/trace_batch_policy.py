@@ -79,6 +79,8 @@ def main() -> None:
                 "predicted": {k: round(policy.predicted(in_flight, k), 3) for k in sorted({0, *(policy.budgets[:6])})},
                 "multipliers": [round(policy.multiplier(rid), 3) for rid in engine.running],
                 "draft_s_estimates": {k: round(v, 4) for k, v in policy.draft_s.items()}, "probe_steps": engine.stats.probe_steps,
+                "vetoed_steps_left": dict(policy.vetoed),
+                "realized_tok_s": {b: [r.rate(True), r.rate(False)] for b, r in policy.realized.items()},
             })
         wall = time.perf_counter() - t_start
         mine = [s for s in steps if s["max_batch"] == b]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from specgraft.batch import AdaptiveBudget, Acceptance, BatchEngine, CostTable, FixedBudget, QueueFull
-from specgraft.batch.budget import StepPlan
+from specgraft.batch.budget import GUARD_STEPS, StepPlan
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.engine import SpecEngine
 from specgraft.methods import MethodOptions, get_method, method_names
@@ -351,6 +351,67 @@ def test_the_sequences_in_flight_decide_by_their_own_acceptance():
     for k in keys:
         policy.release(k)
     assert policy.multiplier("a") == 1.0 and policy.best(4, 6, keys) == 6
+
+
+def test_realized_throughput_overrules_the_prediction():
+    """Drafting whose steps produce fewer tokens a second than plain steps at the same batch size
+    stops there for ``explore`` steps (no probes either), whatever the prediction says; fewer
+    than ``GUARD_STEPS`` drafting steps, or drafting that beats plain, change nothing; the other
+    batch sizes keep their own records."""
+    costs = CostTable("m", "cpu", {1: {1: 0.30, 9: 0.50}, 2: {1: 0.33, 9: 0.70}})
+    policy = AdaptiveBudget(costs, Acceptance(prior=[0.9] * 8, prior_weight=1e9), budgets=(8,), explore=5, warmup=0)
+    for b, plain_s in ((1, 0.30), (2, 0.33)):
+        policy.observe_forward(b, 1, plain_s)
+        policy.observe_step(b, False, b, plain_s)
+    assert policy.plan(2, [8, 8]).cap == 8 and policy.plan(1, [8]).cap == 8
+    for _ in range(GUARD_STEPS - 1):
+        policy.observe_step(2, True, 4, 1.0)  # 4 tokens/s against 6.1 plain
+        policy.observe_step(1, True, 4, 0.6)  # 6.7 tokens/s against 3.3 plain
+    assert policy.plan(2, [8, 8]).cap == 8, "too few drafting steps to overrule the prediction"
+    policy.observe_step(2, True, 4, 1.0)  # 4 x (1 + 1/2) < 6.1
+    policy.observe_step(1, True, 4, 0.6)
+    plans = [policy.plan(2, [8, 8]) for _ in range(4)]
+    assert not policy.speculating(2, 8), "a request joining the vetoed batch size starts plainly"
+    plans.append(policy.plan(2, [8, 8]))
+    assert all(p.cap == 0 and not p.probe for p in plans)
+    assert policy.plan(1, [8]).cap == 8 and policy.speculating(1, 8), "batch size 1's drafting pays"
+    assert policy.plan(2, [8, 8]).cap == 8, "after `explore` plain steps the prediction chooses again"
+    assert policy.realized[2].steps[True] == 0, "and drafting builds a fresh record"
+    # drafting that keeps up with plain is left alone; a loss of 10% is stopped once ~10 steps show it
+    for rate, stopped_after in ((7.1, None), (5.5, 10)):
+        fresh = AdaptiveBudget(costs, Acceptance(prior=[0.9] * 8, prior_weight=1e9), budgets=(8,), warmup=0)
+        fresh.observe_step(2, False, 2, 0.33)
+        steps = 0
+        while steps < 30 and not fresh.vetoed.get(2):
+            fresh.observe_step(2, True, 11, 11 / rate)
+            steps += 1
+        assert (None if steps == 30 else steps) == stopped_after
+
+
+def test_the_engine_reports_each_step_realized():
+    """``observe_step`` gets every batched step: the tokens it emitted (all of them, over the
+    run), whether a sequence drafted, and seconds that leave out catch-up prefills."""
+
+    class Recording(RandomCap):
+        def __init__(self):
+            super().__init__(seed=3)
+            self.steps: list[tuple[int, bool, int, float]] = []
+
+        def observe_step(self, batch_size, drafted, tokens, seconds):
+            self.steps.append((batch_size, drafted, tokens, seconds))
+
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    engine = build(target, "draft-tree", perturbed(model))
+    policy = Recording()
+    batch = BatchEngine(engine, max_batch=3, policy=policy)
+    requests = [(p, GenerationConfig(max_new_tokens=16, budget=8)) for p, _ in make_prompts(n=5, vocab=model.config.vocab_size)]
+    run_schedule(batch, requests, random.Random(2))
+    assert len(policy.steps) == batch.stats.steps
+    assert sum(t for _, _, t, _ in policy.steps) == batch.stats.tokens
+    assert {d for _, d, _, _ in policy.steps} == {True, False}
+    assert all(1 <= b <= 3 and s >= 0 for b, _, _, s in policy.steps)
+    assert all(t <= b for b, d, t, _ in policy.steps if not d), "a plain step emits at most one token a sequence"
 
 
 def test_catch_up_that_cannot_pay_back_is_skipped():

@@ -43,7 +43,10 @@ first step at a batch size (and once every ``explore`` speculating steps) to mea
 comparing against. A sequence whose drafters must first prefill what they have not cached (a
 draft model prefilling the prompt at its first proposal) drafts only if its remaining tokens
 can pay that prefill back (:meth:`AdaptiveBudget.pays_back`, from the measured seconds per
-catch-up token); otherwise it decodes plainly inside the drafting batch.
+catch-up token); otherwise it decodes plainly inside the drafting batch. And what the steps
+produced has the last word: drafting whose realized tokens/s at a batch size falls short of
+plain steps' there stops for ``explore`` steps, whatever the prediction says
+(:meth:`AdaptiveBudget.observe_step`).
 
 The budget depends only on past steps (costs, acceptance counts) and on how many tokens a
 sequence has left, never on the values of the drafts it caps, so it keeps every verifier exact.
@@ -79,6 +82,14 @@ COST_EMA = 0.25
 #: Expected accepted nodes a sequence's own record is shrunk by towards the pooled estimate
 #: (:meth:`AdaptiveBudget.multiplier`): about four draft-tree steps' worth.
 SEQUENCE_PRIOR = 8.0
+#: Drafting steps at a batch size whose realized throughput is weighed before the policy may
+#: stop drafting there because of it; after ``n`` such steps it stops drafting when they
+#: produced ``1 + 1 / n`` times fewer tokens a second than plain steps: a large loss stops
+#: after 2 steps (2x slower), a 10% one after ~10 (:meth:`AdaptiveBudget.observe_step`).
+GUARD_STEPS = 2
+#: Weight of a new step in the realized tokens and seconds (:class:`Realized`): the last ~5
+#: steps of each kind count most.
+REALIZED_EMA = 0.2
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,11 @@ class BudgetPolicy(Protocol):
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         """A drafter prefilled ``tokens`` it had not cached (a draft model's catch-up) in ``seconds``."""
 
+    def observe_step(self, batch_size: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A whole batched step: the batch emitted ``tokens`` in ``seconds`` of drafting, target
+        forwards and verification (admissions and catch-ups left out); ``drafted`` when any of
+        its sequences drafted."""
+
     def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
         """Whether a sequence with ``remaining`` tokens to generate should draft at ``budget``
         although its drafters must first prefill ``tokens`` they have not cached."""
@@ -146,6 +162,9 @@ class FixedBudget:
         pass
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def observe_step(self, batch_size: int, drafted: bool, tokens: int, seconds: float) -> None:
         pass
 
     def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
@@ -358,6 +377,43 @@ class Acceptance:
         return 1.0 + sum(self.rate(r) for r in range(k))
 
 
+@dataclass
+class Realized:
+    """What the steps at one batch size produced, drafting steps and plain steps apart: running
+    (exponentially weighted) tokens emitted and seconds taken per step, whose ratio is the
+    realized tokens/s of each kind.
+
+    The policy's prediction is a model (cost table x acceptance x drafting time), and it can be
+    wrong by more than the few percent a batch gains from drafting: on the Zen 3 of
+    ``benchmarks/RESULTS.md`` (issue 12) draft-tree at ``B = 2`` predicted 6.3-7.7 tokens/s for
+    budget 8 where its drafting steps produced 4.9 and its plain steps 5.9 (short requests, a
+    draft model's early stops and prompts that accept less than the gains it was measured on).
+    :class:`AdaptiveBudget` lets these records overrule it (:meth:`AdaptiveBudget.observe_step`).
+
+    >>> r = Realized()
+    >>> for _ in range(6): r.add(True, 3, 1.0)
+    >>> r.add(False, 2, 0.33)
+    >>> round(r.rate(True), 2), round(r.rate(False), 2), r.steps[True]
+    (3.0, 6.06, 6)
+    """
+
+    tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+    seconds: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
+    steps: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+
+    def add(self, drafted: bool, tokens: int, seconds: float) -> None:
+        w = REALIZED_EMA if self.steps[drafted] else 1.0
+        self.tokens[drafted] = _ema(self.tokens[drafted], tokens, w)
+        self.seconds[drafted] = _ema(self.seconds[drafted], seconds, w)
+        self.steps[drafted] += 1
+
+    def rate(self, drafted: bool) -> float | None:
+        """Realized tokens/s of drafting (True) or plain (False) steps; None before any."""
+        if not self.steps[drafted] or self.seconds[drafted] <= 0:
+            return None
+        return self.tokens[drafted] / self.seconds[drafted]
+
+
 class AdaptiveBudget:
     """Budget per batch size maximising predicted throughput (module docstring).
 
@@ -447,6 +503,9 @@ class AdaptiveBudget:
         self._choice: dict[int, int] = {}
         self._since: dict[int, int] = {}
         self._idle: dict[int, int] = {}
+        # batch size -> what its steps produced; batch size -> plain steps left of a veto
+        self.realized: dict[int, Realized] = {}
+        self.vetoed: dict[int, int] = {}
 
     @classmethod
     def for_method(cls, costs: CostTable, method: str, **kwargs) -> "AdaptiveBudget":
@@ -569,6 +628,9 @@ class AdaptiveBudget:
         return min(self._choice[batch_size], cap)
 
     def plan(self, batch_size: int, budgets: Sequence[int], keys: Sequence[str] | None = None) -> StepPlan:
+        if self.vetoed.get(batch_size, 0) > 0:
+            self.vetoed[batch_size] -= 1
+            return StepPlan(cap=0)
         cap = max(budgets)
         choice = self.choice(batch_size, cap, keys)
         if choice > 0 and self._measure_plain(batch_size):
@@ -604,7 +666,44 @@ class AdaptiveBudget:
         return False
 
     def speculating(self, batch_size: int, budget: int) -> bool:
-        return budget > 0 and self.best(batch_size, budget) > 0
+        return budget > 0 and not self.vetoed.get(batch_size, 0) and self.best(batch_size, budget) > 0
+
+    def observe_step(self, batch_size: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A whole step's realized work: ``tokens`` emitted by the batch in ``seconds`` (drafting,
+        target forwards, verification; not admissions or catch-up prefills), ``drafted`` when any
+        sequence drafted. Once drafting at this batch size has run ``n >= GUARD_STEPS`` steps
+        whose tokens a second, times ``1 + 1 / n``, fall short of plain steps' there (measured;
+        predicted before any was), the batch decodes plainly for the next ``explore`` steps
+        (for good when ``explore`` is 0), without probes; then the prediction chooses again,
+        and drafting must build a fresh record before it can be stopped again. The prediction
+        decides where the steps have not spoken; where they have, they win. The slack
+        ``1 / n`` shrinks as steps come in: one step's tokens vary from 1 to the tree's depth,
+        so a small sample must show a large loss, and a large loss costs only a few steps (at
+        ``B = 4`` on the Zen 3 a draft-tree step took 2.3 s against 0.48 s plain).
+
+        >>> p = AdaptiveBudget(CostTable("m", "cpu", {2: {1: 0.33, 9: 0.7}}), Acceptance(prior=[0.9] * 8, prior_weight=1e9), explore=4)
+        >>> p.observe_forward(2, 1, 0.33); p.observe_step(2, False, 2, 0.33)   # one plain step
+        >>> p.plan(2, [8, 8]).cap   # predicted: drafting wins by far
+        8
+        >>> p.observe_step(2, True, 4, 1.0); p.plan(2, [8, 8]).cap   # 4 tokens/s against 6.1: one step is no proof
+        8
+        >>> p.observe_step(2, True, 4, 1.0)   # two are: 4 x (1 + 1/2) < 6.1
+        >>> [p.plan(2, [8, 8]).cap for _ in range(5)], p.speculating(2, 8)
+        ([0, 0, 0, 0, 8], True)
+        """
+        record = self.realized.setdefault(batch_size, Realized())
+        record.add(drafted, tokens, seconds)
+        n = record.steps[True]
+        if not drafted or n < GUARD_STEPS:
+            return
+        plain = record.rate(False) or self.predicted(batch_size, 0)
+        drafting = record.rate(True)
+        if drafting is not None and drafting * (1 + 1 / n) < plain:
+            self.vetoed[batch_size] = self.explore or 2**62
+            self.realized[batch_size] = Realized(
+                tokens={True: 0.0, False: record.tokens[False]}, seconds={True: 0.0, False: record.seconds[False]},
+                steps={True: 0, False: record.steps[False]},
+            )
 
     def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float, key: str | None = None) -> None:
         if budget == 0:

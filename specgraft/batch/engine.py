@@ -17,7 +17,9 @@ sequences. Each :meth:`BatchEngine.step`:
    forward of its own when that is cheaper); a sequence whose draft model would first have to
    prefill its prompt decodes plainly if the tokens it has left cannot pay that back
    (``BudgetPolicy.pays_back``); every target forward's shape and time, and every such
-   catch-up, go back to the policy, which corrects its cost table with them;
+   catch-up, go back to the policy, which corrects its cost table with them, and so does the
+   whole step's realized throughput (``BudgetPolicy.observe_step``: drafting that produced
+   fewer tokens a second than plain steps at this batch size is stopped there);
 4. returns one :class:`BatchEvent` per request that emitted tokens or finished; finished
    sequences leave (their slots are reused by the next admitted request).
 
@@ -178,7 +180,12 @@ class BatchEngine:
             seqs = [self.running[i] for i in ids]
             plan = self.policy.plan(len(seqs), [s.config.budget for s in seqs], keys=ids)
             self.stats.budget_by_batch[len(seqs)] = plan.cap if plan.cap is not None else max(s.config.budget for s in seqs)
+            t_run = time.perf_counter()
             emitted = self._run_step(seqs, plan)
+            catch_up_s = sum(s.last_catch_up[1] for s in seqs)
+            self.policy.observe_step(
+                len(seqs), any(s.last_budget > 0 for s in seqs), sum(map(len, emitted)), time.perf_counter() - t_run - catch_up_s
+            )
             self.stats.steps += 1
             self.stats.sequence_steps += len(seqs)
             forwards = {id(s.last_forward): s.last_forward for s in seqs if s.last_forward is not None}
