@@ -143,6 +143,38 @@ def test_batched_forward_over_scattered_slots(tiny_model):
         assert_slot_equals_fresh_prefill(target, s, prompts[s][:-1])
 
 
+def test_plain_rows_fast_path_equals_the_general_path(tiny_model):
+    """One row per slot and nothing pending (plain batched decoding) takes ``_forward_plain``:
+    bit-for-bit the logits, cache rows and next steps of the general path, its twin, over
+    scattered slots of different lengths and several steps, hidden states included."""
+    rng = random.Random(9)
+    prompts = [[rng.randrange(3, 96) for _ in range(rng.randrange(2, 14))] for _ in range(5)]
+    runs = {}
+    for fast in (True, False):
+        target = HFTarget(tiny_model)
+        target.plain_fast_path = fast
+        slots = [target.allocate() for _ in prompts]
+        for slot, prompt in zip(slots, prompts):
+            target.prefill(slot, prompt[:-1])
+        batch = [slots[3], slots[0], slots[4], slots[1]]
+        last = {s: prompts[slots.index(s)][-1] for s in batch}
+        logits, hidden = [], []
+        for _ in range(4):
+            outs = target.forward_batch(batch, [[last[s]] for s in batch], [[-1]] * len(batch), output_hidden=True, hidden_layer=1)
+            for s, out in zip(batch, outs):
+                logits.append(out.logits)
+                hidden.append(out.hidden)
+                target.commit(s, [0])
+                last[s] = int(out.logits[0].argmax())
+        keys = [layer.keys[s, :, : target.length(s)].clone() for layer in target.cache.layers for s in batch]
+        runs[fast] = (logits, hidden, keys, [target.length(s) for s in batch])
+    for a, b in zip(runs[True], runs[False]):
+        if isinstance(a, list) and a and isinstance(a[0], torch.Tensor):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        else:
+            assert a == b
+
+
 def test_slots_grow_and_are_reused(tiny_model):
     """Room grows by doubling, slots by doubling; a released slot is reused and starts empty."""
     target = HFTarget(tiny_model, capacity=4)

@@ -407,6 +407,10 @@ class Realized:
         self.seconds[drafted] = _ema(self.seconds[drafted], seconds, w)
         self.steps[drafted] += 1
 
+    def forget_drafting(self) -> None:
+        """Drop the drafting record (the plain one stays): drafting starts a fresh one."""
+        self.tokens[True], self.seconds[True], self.steps[True] = 0.0, 0.0, 0
+
     def rate(self, drafted: bool) -> float | None:
         """Realized tokens/s of drafting (True) or plain (False) steps; None before any."""
         if not self.steps[drafted] or self.seconds[drafted] <= 0:
@@ -503,9 +507,12 @@ class AdaptiveBudget:
         self._choice: dict[int, int] = {}
         self._since: dict[int, int] = {}
         self._idle: dict[int, int] = {}
-        # batch size -> what its steps produced; batch size -> plain steps left of a veto
+        # batch size -> what its steps produced; batch size -> plain steps left of a veto, and
+        # the sequences in flight when it was set (``keys`` of the last plan at that size)
         self.realized: dict[int, Realized] = {}
         self.vetoed: dict[int, int] = {}
+        self._veto_keys: dict[int, frozenset[str]] = {}
+        self._last_keys: dict[int, frozenset[str]] = {}
 
     @classmethod
     def for_method(cls, costs: CostTable, method: str, **kwargs) -> "AdaptiveBudget":
@@ -628,9 +635,14 @@ class AdaptiveBudget:
         return min(self._choice[batch_size], cap)
 
     def plan(self, batch_size: int, budgets: Sequence[int], keys: Sequence[str] | None = None) -> StepPlan:
+        if keys is not None:
+            self._last_keys[batch_size] = frozenset(keys)
         if self.vetoed.get(batch_size, 0) > 0:
-            self.vetoed[batch_size] -= 1
-            return StepPlan(cap=0)
+            joined = len(self._last_keys.get(batch_size, frozenset()) - self._veto_keys.get(batch_size, frozenset()))
+            if 2 * joined <= batch_size:
+                self.vetoed[batch_size] -= 1
+                return StepPlan(cap=0)
+            self.vetoed[batch_size] = 0  # most of the batch the veto was measured on has left
         cap = max(budgets)
         choice = self.choice(batch_size, cap, keys)
         if choice > 0 and self._measure_plain(batch_size):
@@ -674,12 +686,17 @@ class AdaptiveBudget:
         sequence drafted. Once drafting at this batch size has run ``n >= GUARD_STEPS`` steps
         whose tokens a second, times ``1 + 1 / n``, fall short of plain steps' there (measured;
         predicted before any was), the batch decodes plainly for the next ``explore`` steps
-        (for good when ``explore`` is 0), without probes; then the prediction chooses again,
-        and drafting must build a fresh record before it can be stopped again. The prediction
-        decides where the steps have not spoken; where they have, they win. The slack
-        ``1 / n`` shrinks as steps come in: one step's tokens vary from 1 to the tree's depth,
-        so a small sample must show a large loss, and a large loss costs only a few steps (at
-        ``B = 4`` on the Zen 3 a draft-tree step took 2.3 s against 0.48 s plain).
+        (for good when ``explore`` is 0), without probes, or until more than half of the
+        sequences in flight joined after the veto (by the request ids ``plan`` is given):
+        acceptance belongs to the text, so a record measured on requests that have left says
+        little about new ones (at batch size 1 every new request gets its chance; on the Zen 3
+        a 256-step veto set on pld's first prompt, a writing one, held for every later prompt).
+        Then the prediction chooses again, and drafting must build a fresh record before it
+        can be stopped again. The prediction decides where the steps have not spoken; where
+        they have, they win. The slack ``1 / n`` shrinks as steps come in: one step's tokens
+        vary from 1 to the tree's depth, so a small sample must show a large loss, and a large
+        loss costs only a few steps (at ``B = 4`` on the Zen 3 a draft-tree step took 2.3 s
+        against 0.48 s plain).
 
         >>> p = AdaptiveBudget(CostTable("m", "cpu", {2: {1: 0.33, 9: 0.7}}), Acceptance(prior=[0.9] * 8, prior_weight=1e9), explore=4)
         >>> p.observe_forward(2, 1, 0.33); p.observe_step(2, False, 2, 0.33)   # one plain step
@@ -700,10 +717,8 @@ class AdaptiveBudget:
         drafting = record.rate(True)
         if drafting is not None and drafting * (1 + 1 / n) < plain:
             self.vetoed[batch_size] = self.explore or 2**62
-            self.realized[batch_size] = Realized(
-                tokens={True: 0.0, False: record.tokens[False]}, seconds={True: 0.0, False: record.seconds[False]},
-                steps={True: 0, False: record.steps[False]},
-            )
+            self._veto_keys[batch_size] = self._last_keys.get(batch_size, frozenset())
+            record.forget_drafting()
 
     def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float, key: str | None = None) -> None:
         if budget == 0:

@@ -159,6 +159,8 @@ class HFTarget:
         self.cache = SlotCache(self.config.num_hidden_layers, capacity)
         # slot -> [P, P] bool: which pending rows each pending row sees (ancestors and itself)
         self._ancestors: dict[int, torch.Tensor] = {}
+        # one-row-per-slot forwards build their inputs at once (:meth:`_forward_plain`)
+        self.plain_fast_path = True
 
     @classmethod
     def from_pretrained(
@@ -335,6 +337,8 @@ class HFTarget:
         n_max = max(counts)
         if n_max == 0:
             return [RowsOutput(torch.empty(0, self.vocab_size, device=dev)) for _ in slots]
+        if self.plain_fast_path and n_max == 1 and min(counts) == 1 and not any(self.cache.pending[s] for s in slots):
+            return self._forward_plain(slots, toks, output_hidden, hidden_layer)
         kv_len = max(self.length(s) + self.cache.pending[s] for s in slots) + n_max
         min_value = torch.finfo(self.dtype).min
         masks, positions, ids, seen_sets = [], [], [], []
@@ -368,6 +372,30 @@ class HFTarget:
         return [
             RowsOutput(logits=logits[b, :n], hidden=hidden[b, :n] if output_hidden else None) for b, n in enumerate(counts)
         ]
+
+    def _forward_plain(self, slots: Sequence[int], toks: list[torch.Tensor], output_hidden: bool, hidden_layer: int | None) -> list[RowsOutput]:
+        """:meth:`forward_batch` when every slot feeds one row with nothing pending (plain batched
+        decoding: ``ar``, or any method at budget 0): the mask, positions and ancestor sets of
+        all slots are built at once instead of slot by slot (a dozen small ops per sequence,
+        which on a GPU cost more than the forward's own launches at 16 sequences). The same
+        tensors as the general path's; ``plain_fast_path = False`` runs that one (the twin the
+        tests compare with)."""
+        dev = self.device
+        lengths = torch.tensor([self.length(s) for s in slots], device=dev)
+        kv_len = max(self.length(s) for s in slots) + 1
+        # [B, kv_len]: each slot's committed prefix and its new row (column = its length)
+        visible = torch.arange(kv_len, device=dev)[None, :] <= lengths[:, None]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=dev).masked_fill_(~visible, torch.finfo(self.dtype).min)
+        seen = torch.ones(1, 1, dtype=torch.bool, device=dev)
+        for slot in slots:
+            self._ancestors[slot] = seen
+        self.cache.set_write(slots, 1)
+        try:
+            final, hidden = self._decode(slots, torch.stack(toks), lengths[:, None], mask[:, None, None, :], hidden_layer if output_hidden else None)
+        finally:
+            self.cache.end_write([1] * len(slots))
+        logits = self._logits(final)
+        return [RowsOutput(logits=logits[b, :1], hidden=hidden[b, :1] if output_hidden else None) for b in range(len(slots))]
 
     def _check_rows(self, slot: int, tokens: Sequence[int] | torch.Tensor, parent_rows: Sequence[int] | torch.Tensor) -> None:
         """``ValueError`` for rows that cannot be fed: lengths, token ids, parent rows and the
