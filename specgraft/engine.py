@@ -214,7 +214,7 @@ class SpecEngine:
         if len(caps) != len(seqs):
             raise ValueError(f"{len(caps)} budgets for {len(seqs)} sequences")
         for b, (seq, cap) in enumerate(zip(seqs, caps)):
-            seq.last_budget, seq.last_catch_up = 0, (0, 0.0)  # this step's, also for one that does not run
+            seq.last_budget, seq.last_catch_up, seq.last_forward = 0, (0, 0.0), None  # this step's, also for one that does not run
             # positions left in the context window after the root
             room = self.target.max_positions - self.target.length(seq.slot) - 1
             if seq.done or room < 0:

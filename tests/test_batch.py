@@ -377,17 +377,6 @@ def test_realized_throughput_overrules_the_prediction():
     assert policy.plan(1, [8]).cap == 8 and policy.speculating(1, 8), "batch size 1's drafting pays"
     assert policy.plan(2, [8, 8]).cap == 8, "after `explore` plain steps the prediction chooses again"
     assert policy.realized[2].steps[True] == 0, "and drafting builds a fresh record"
-    # a veto is measured on the sequences in flight: it lasts until most of them have left
-    keyed = AdaptiveBudget(costs, Acceptance(prior=[0.9] * 8, prior_weight=1e9), budgets=(8,), warmup=0)
-    for b, plain_s, keys in ((1, 0.30, ["a"]), (2, 0.33, ["a", "b"])):
-        keyed.observe_forward(b, 1, plain_s)
-        keyed.observe_step(b, False, b, plain_s)
-        keyed.plan(b, [8] * b, keys=keys)
-        for _ in range(GUARD_STEPS):
-            keyed.observe_step(b, True, b, 1.0)
-    assert keyed.plan(1, [8], keys=["a"]).cap == 0 and keyed.plan(1, [8], keys=["c"]).cap == 8, "a new request at batch size 1"
-    assert keyed.plan(2, [8, 8], keys=["a", "c"]).cap == 0, "half of the batch is still the one measured"
-    assert keyed.plan(2, [8, 8], keys=["c", "d"]).cap == 8
     # drafting that keeps up with plain is left alone; a loss of 10% is stopped once ~10 steps show it
     for rate, stopped_after in ((7.1, None), (5.5, 10)):
         fresh = AdaptiveBudget(costs, Acceptance(prior=[0.9] * 8, prior_weight=1e9), budgets=(8,), warmup=0)

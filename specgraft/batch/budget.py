@@ -499,20 +499,19 @@ class AdaptiveBudget:
         self.draft_s: dict[int, float] = {}
         # batch size -> rows per sequence -> measured / table cost of the target forward (EMA)
         self.forward_ratio: dict[int, dict[int, float]] = {}
-        # seconds per token of a drafter's catch-up prefill (EMA; None until one is measured)
+        # seconds per token of a drafter's catch-up prefill (EMA; None until one is measured),
+        # and whether this step already let an unmeasured one through (reset by ``plan``)
         self.catch_up_per_token: float | None = None
+        self._blind_catch_up = False
         self._speculating: dict[int, int] = {}
         # request id -> [accepted nodes, accepted nodes the pooled estimate expected] over its drafting steps
         self._sequences: dict[str, list[float]] = {}
         self._choice: dict[int, int] = {}
         self._since: dict[int, int] = {}
         self._idle: dict[int, int] = {}
-        # batch size -> what its steps produced; batch size -> plain steps left of a veto, and
-        # the sequences in flight when it was set (``keys`` of the last plan at that size)
+        # batch size -> what its steps produced; batch size -> plain steps left of a veto
         self.realized: dict[int, Realized] = {}
         self.vetoed: dict[int, int] = {}
-        self._veto_keys: dict[int, frozenset[str]] = {}
-        self._last_keys: dict[int, frozenset[str]] = {}
 
     @classmethod
     def for_method(cls, costs: CostTable, method: str, **kwargs) -> "AdaptiveBudget":
@@ -635,14 +634,10 @@ class AdaptiveBudget:
         return min(self._choice[batch_size], cap)
 
     def plan(self, batch_size: int, budgets: Sequence[int], keys: Sequence[str] | None = None) -> StepPlan:
-        if keys is not None:
-            self._last_keys[batch_size] = frozenset(keys)
+        self._blind_catch_up = False
         if self.vetoed.get(batch_size, 0) > 0:
-            joined = len(self._last_keys.get(batch_size, frozenset()) - self._veto_keys.get(batch_size, frozenset()))
-            if 2 * joined <= batch_size:
-                self.vetoed[batch_size] -= 1
-                return StepPlan(cap=0)
-            self.vetoed[batch_size] = 0  # most of the batch the veto was measured on has left
+            self.vetoed[batch_size] -= 1
+            return StepPlan(cap=0)
         cap = max(budgets)
         choice = self.choice(batch_size, cap, keys)
         if choice > 0 and self._measure_plain(batch_size):
@@ -686,17 +681,16 @@ class AdaptiveBudget:
         sequence drafted. Once drafting at this batch size has run ``n >= GUARD_STEPS`` steps
         whose tokens a second, times ``1 + 1 / n``, fall short of plain steps' there (measured;
         predicted before any was), the batch decodes plainly for the next ``explore`` steps
-        (for good when ``explore`` is 0), without probes, or until more than half of the
-        sequences in flight joined after the veto (by the request ids ``plan`` is given):
-        acceptance belongs to the text, so a record measured on requests that have left says
-        little about new ones (at batch size 1 every new request gets its chance; on the Zen 3
-        a 256-step veto set on pld's first prompt, a writing one, held for every later prompt).
-        Then the prediction chooses again, and drafting must build a fresh record before it
-        can be stopped again. The prediction decides where the steps have not spoken; where
-        they have, they win. The slack ``1 / n`` shrinks as steps come in: one step's tokens
-        vary from 1 to the tree's depth, so a small sample must show a large loss, and a large
-        loss costs only a few steps (at ``B = 4`` on the Zen 3 a draft-tree step took 2.3 s
-        against 0.48 s plain).
+        (for good when ``explore`` is 0), without probes. Then the prediction chooses again,
+        and drafting must build a fresh record before it can be stopped again. (Lifting the veto
+        when the sequences it was measured on have left, since acceptance belongs to the text,
+        was tried: draft-tree at ``B = 4`` then drafted again at every turnover of its 32-token
+        requests and lost 13%, while pld at ``B = 1`` gained nothing measurable;
+        ``benchmarks/RESULTS.md``, issue 12.) The prediction decides where the steps have not
+        spoken; where they have, they win. The slack ``1 / n`` shrinks as steps come in: one
+        step's tokens vary from 1 to the tree's depth, so a small sample must show a large
+        loss, and a large loss costs only a few steps (at ``B = 4`` on the Zen 3 a draft-tree
+        step took 2.3 s against 0.48 s plain).
 
         >>> p = AdaptiveBudget(CostTable("m", "cpu", {2: {1: 0.33, 9: 0.7}}), Acceptance(prior=[0.9] * 8, prior_weight=1e9), explore=4)
         >>> p.observe_forward(2, 1, 0.33); p.observe_step(2, False, 2, 0.33)   # one plain step
@@ -717,7 +711,6 @@ class AdaptiveBudget:
         drafting = record.rate(True)
         if drafting is not None and drafting * (1 + 1 / n) < plain:
             self.vetoed[batch_size] = self.explore or 2**62
-            self._veto_keys[batch_size] = self._last_keys.get(batch_size, frozenset())
             record.forget_drafting()
 
     def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float, key: str | None = None) -> None:
@@ -759,12 +752,17 @@ class AdaptiveBudget:
         so this undervalues its catch-up; but when every sequence of a new batch must catch up,
         as at each batch size of ``bench-serve``, only this comparison sees that the catch-ups
         together cost more than the batch's small predicted gain.) Before any catch-up is
-        measured it answers yes (the first one is then measured). The Zen 4 run of
-        ``benchmarks/RESULTS.md`` (issue 12) paid 1.8 s to prefill a 671-token prompt for a
+        measured it answers yes to one sequence a step (the first asked; its catch-up is then
+        measured, and the others are weighed with it): a cold batch of ``B`` new requests
+        would otherwise pay all ``B`` prompts' prefills before learning what one costs (on the
+        Zen 3 a cold draft-tree policy at ``B = 4`` lost 4.7 s with this rule, 10.6 s without
+        it). The Zen 4 run of ``benchmarks/RESULTS.md`` (issue 12) paid 1.8 s to prefill a 671-token prompt for a
         request with a few tokens left, the batch waiting; on a Zen 3 four 32-token requests
         starting at ``B = 4`` paid 3.7 s of catch-ups for a predicted gain of 3%.
 
         >>> p = AdaptiveBudget(CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}, 4: {1: 0.45, 9: 1.2}}), Acceptance(prior=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.2, 0.1]))
+        >>> _ = p.plan(4, [8] * 4); [p.pays_back(4, 8, 600, 32) for _ in range(4)]  # nothing measured: one a step
+        [True, False, False, False]
         >>> p.observe_catch_up(600, 3.0)  # 5 ms a token: 3 s for 600 tokens
         >>> # B = 4: plain 0.45 s a step, drafting 1.2 s for E(8) = 4.1, i.e. 0.29 s a token; 32 tokens
         >>> # left save 32 / 4 x (0.45 - 0.29) = 1.3 s < 3 s, 128 save 5.0 s; B = 1, 32 left: 32 x (0.3 - 0.5 / 4.1) = 5.7 s
@@ -772,7 +770,8 @@ class AdaptiveBudget:
         (True, False, True, True)
         """
         if self.catch_up_per_token is None:
-            return True
+            first, self._blind_catch_up = not self._blind_catch_up, True
+            return first
         step = self._step_cost(batch_size, budget)
         saving = remaining / batch_size * (self.target_cost(batch_size, 1) - step / self.acceptance.expected_tokens(budget))
         return saving > tokens * self.catch_up_per_token
