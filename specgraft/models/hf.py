@@ -381,10 +381,10 @@ class HFTarget:
         tensors as the general path's; ``plain_fast_path = False`` runs that one (the twin the
         tests compare with)."""
         dev = self.device
-        lengths = torch.tensor([self.length(s) for s in slots], device=dev)
-        kv_len = max(self.length(s) for s in slots) + 1
+        committed = [self.length(s) for s in slots]
+        lengths = torch.tensor(committed, device=dev)
         # [B, kv_len]: each slot's committed prefix and its new row (column = its length)
-        visible = torch.arange(kv_len, device=dev)[None, :] <= lengths[:, None]
+        visible = torch.arange(max(committed) + 1, device=dev)[None, :] <= lengths[:, None]
         mask = torch.zeros(visible.shape, dtype=self.dtype, device=dev).masked_fill_(~visible, torch.finfo(self.dtype).min)
         seen = torch.ones(1, 1, dtype=torch.bool, device=dev)
         for slot in slots:
