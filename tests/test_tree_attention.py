@@ -144,7 +144,7 @@ def test_batched_forward_over_scattered_slots(tiny_model):
 
 
 def test_plain_rows_fast_path_equals_the_general_path(tiny_model):
-    """One row per slot and nothing pending (plain batched decoding) takes ``_forward_plain``:
+    """One row per slot and nothing pending (plain batched decoding) takes ``_plain_inputs``:
     bit-for-bit the logits, cache rows and next steps of the general path, its twin, over
     scattered slots of different lengths and several steps, hidden states included."""
     rng = random.Random(9)

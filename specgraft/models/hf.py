@@ -45,7 +45,7 @@ TREE_MASK_ATTENTION = ("sdpa", "eager")
 #: SDPA backends of our forwards on a GPU: every one but cuDNN's. cuDNN attention builds an
 #: execution plan for each new (query rows, key length) shape, and a decoding sequence's key
 #: length is new at every step: on an H200 (torch 2.11, bf16) the first generation of a prompt
-#: spent 3.8 s of 4.8 in attention, the same generation repeated (plans cached) 0.08 s.
+#: spent 3.8 s in attention (5.5 s in all), the same generation repeated (plans cached) 0.08 s.
 GPU_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
@@ -159,7 +159,7 @@ class HFTarget:
         self.cache = SlotCache(self.config.num_hidden_layers, capacity)
         # slot -> [P, P] bool: which pending rows each pending row sees (ancestors and itself)
         self._ancestors: dict[int, torch.Tensor] = {}
-        # one-row-per-slot forwards build their inputs at once (:meth:`_forward_plain`)
+        # one-row-per-slot forwards build their inputs at once (:meth:`_plain_inputs`)
         self.plain_fast_path = True
 
     @classmethod
@@ -338,7 +338,25 @@ class HFTarget:
         if n_max == 0:
             return [RowsOutput(torch.empty(0, self.vocab_size, device=dev)) for _ in slots]
         if self.plain_fast_path and n_max == 1 and min(counts) == 1 and not any(self.cache.pending[s] for s in slots):
-            return self._forward_plain(slots, toks, output_hidden, hidden_layer)
+            ids, positions, masks = self._plain_inputs(slots, toks)
+        else:
+            ids, positions, masks = self._tree_inputs(slots, toks, pars, counts)
+        self.cache.set_write(slots, n_max)
+        try:
+            final, hidden = self._decode(slots, ids, positions, masks, hidden_layer if output_hidden else None)
+        finally:
+            self.cache.end_write(counts)
+        logits = self._logits(final)
+        return [
+            RowsOutput(logits=logits[b, :n], hidden=hidden[b, :n] if output_hidden else None) for b, n in enumerate(counts)
+        ]
+
+    def _tree_inputs(
+        self, slots: Sequence[int], toks: list[torch.Tensor], pars: list[torch.Tensor], counts: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``[B, n_max]`` ids and positions and the ``[B, 1, n_max, kv_len]`` mask of a
+        :meth:`forward_batch`, slot by slot; records each slot's new pending ancestor sets."""
+        dev, n_max = self.device, max(counts)
         kv_len = max(self.length(s) + self.cache.pending[s] for s in slots) + n_max
         min_value = torch.finfo(self.dtype).min
         masks, positions, ids, seen_sets = [], [], [], []
@@ -361,25 +379,14 @@ class HFTarget:
             pend, n = self.cache.pending[slot], counts[b]
             old = self._ancestors[slot]
             self._ancestors[slot] = torch.cat([torch.cat([old, seen_sets[b].new_zeros(pend, n)], dim=1), seen_sets[b]], dim=0)
-        self.cache.set_write(slots, n_max)
-        try:
-            final, hidden = self._decode(
-                slots, torch.stack(ids), torch.stack(positions), torch.stack(masks)[:, None], hidden_layer if output_hidden else None
-            )
-        finally:
-            self.cache.end_write(counts)
-        logits = self._logits(final)
-        return [
-            RowsOutput(logits=logits[b, :n], hidden=hidden[b, :n] if output_hidden else None) for b, n in enumerate(counts)
-        ]
+        return torch.stack(ids), torch.stack(positions), torch.stack(masks)[:, None]
 
-    def _forward_plain(self, slots: Sequence[int], toks: list[torch.Tensor], output_hidden: bool, hidden_layer: int | None) -> list[RowsOutput]:
-        """:meth:`forward_batch` when every slot feeds one row with nothing pending (plain batched
-        decoding: ``ar``, or any method at budget 0): the mask, positions and ancestor sets of
-        all slots are built at once instead of slot by slot (a dozen small ops per sequence,
-        which on a GPU cost more than the forward's own launches at 16 sequences). The same
-        tensors as the general path's; ``plain_fast_path = False`` runs that one (the twin the
-        tests compare with)."""
+    def _plain_inputs(self, slots: Sequence[int], toks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_tree_inputs` when every slot feeds one row with nothing pending (plain batched
+        decoding: ``ar``, or any method at budget 0), built for all slots at once instead of
+        slot by slot (a dozen small ops per sequence, which on a GPU cost more than the
+        forward's own launches at 16 sequences). The same tensors; ``plain_fast_path = False``
+        takes the slot-by-slot path (the twin the tests compare with)."""
         dev = self.device
         committed = [self.length(s) for s in slots]
         lengths = torch.tensor(committed, device=dev)
@@ -389,13 +396,7 @@ class HFTarget:
         seen = torch.ones(1, 1, dtype=torch.bool, device=dev)
         for slot in slots:
             self._ancestors[slot] = seen
-        self.cache.set_write(slots, 1)
-        try:
-            final, hidden = self._decode(slots, torch.stack(toks), lengths[:, None], mask[:, None, None, :], hidden_layer if output_hidden else None)
-        finally:
-            self.cache.end_write([1] * len(slots))
-        logits = self._logits(final)
-        return [RowsOutput(logits=logits[b, :1], hidden=hidden[b, :1] if output_hidden else None) for b in range(len(slots))]
+        return torch.stack(toks), lengths[:, None], mask[:, None, None, :]
 
     def _check_rows(self, slot: int, tokens: Sequence[int] | torch.Tensor, parent_rows: Sequence[int] | torch.Tensor) -> None:
         """``ValueError`` for rows that cannot be fed: lengths, token ids, parent rows and the
