@@ -27,6 +27,7 @@ materialising ``[prompt_len, vocab]`` at once.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Sequence
 
 import torch
@@ -137,6 +138,20 @@ def check_tree_attention(model: PreTrainedModel) -> None:
             raise ValueError(f"model {name!r}: models with {attr} are not supported yet")
 
 
+def cache_kwarg(decoder: torch.nn.Module) -> str:
+    """The name under which ``decoder.forward`` takes its KV cache: ``cache`` from the
+    transformers release that renamed it (5.24 accepts both and warns that ``past_key_values``
+    goes in 5.40), ``past_key_values`` before. ``inspect.signature`` follows the deprecation
+    wrapper's ``__wrapped__`` to the real parameters.
+
+    >>> class Old(torch.nn.Module):
+    ...     def forward(self, input_ids=None, past_key_values=None): ...
+    >>> cache_kwarg(Old())
+    'past_key_values'
+    """
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+
+
 class HFTarget:
     """Wraps an ``AutoModelForCausalLM`` with a :class:`SlotCache` (one slot per sequence).
 
@@ -150,6 +165,7 @@ class HFTarget:
         self.config = model.config.get_text_config(decoder=True)
         self.name = getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.decoder = model.get_decoder()
+        self._cache_kwarg = cache_kwarg(self.decoder)
         self.lm_head = model.get_output_embeddings()
         self.vocab_size: int = self.lm_head.out_features  # not .weight: packed and int8 linears unpack it
         self.max_positions: int = int(getattr(self.config, "max_position_embeddings", 1 << 30))
@@ -221,8 +237,8 @@ class HFTarget:
         hidden states (after the final norm) and those of ``layer`` (the final ones when None)."""
         with attention_backends(ids.device):
             out = self.decoder(
-                input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache, use_cache=True,
-                output_hidden_states=layer is not None,
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                output_hidden_states=layer is not None, **{self._cache_kwarg: self.cache},
             )
         return out.last_hidden_state, (out.last_hidden_state if layer is None else out.hidden_states[layer])
 
