@@ -26,6 +26,16 @@ relative to a step, least squares over every speculative row of the run (these a
 
 A ``--pld`` setting is ``PLDConfig`` fields plus ``cost=STEP/TOKEN`` (the proposer's
 :class:`~specgraft.integrations.vllm.ChainCost`; default the CPU one).
+
+To choose a setting on prompts the vLLM benchmark does not use, replay the ``ar`` outputs of any
+``specgraft bench`` run of the same model instead (``--bench DIR``, repeatable; its prompts are
+rebuilt from the run's suite and tokenizer, a second turn from the first turn's ``ar`` answer, as
+the bench builds them), minus the inputs of the vLLM run given as ``--exclude`` (vLLM plain is
+greedy ``ar`` token for token, checked 9/9 in every vLLM run here). Without vLLM's plain times,
+each input is weighted by ``ar``'s own time per token; ``--step-costs`` is then required::
+
+    python benchmarks/replay_vllm_proposers.py --bench benchmarks/results-issue14/zen5 \
+        --exclude benchmarks/results-vllm/qwen1.5b --step-costs STEP_COSTS.json --pld '' --pld min_prob=0.05
 """
 
 from __future__ import annotations
@@ -103,14 +113,15 @@ def replay(prompt: Sequence[int], output: Sequence[int], propose: Callable[[list
 
 def pld_setting(spec: str) -> tuple[PLDConfig, ChainCost]:
     """``min_prob=0.05,max_ngram=4,cost=0.25/0.065`` -> a PLDConfig and the proposer's ChainCost
-    (tuple fields: ``prior_first=0.3/0.4/0.9``)."""
+    (tuple fields: ``prior_first=0.3/0.4/0.9``; ``cost=FILE.json``: a step-cost probe's table).
+    Without ``min_prob`` the config is the proposer's own default for that cost."""
     kwargs = {}
     cost = CPU_DEFAULT
     types = {f.name: f.type for f in fields(PLDConfig)}
     for part in filter(None, spec.split(",")):
         key, value = part.split("=")
         if key == "cost":
-            cost = ChainCost.parse(value.replace("/", ","))
+            cost = ChainCost.parse(value if value.endswith(".json") else value.replace("/", ","))
             continue
         if key not in types:
             raise SystemExit(f"PLDConfig has no field {key!r}")
@@ -119,6 +130,8 @@ def pld_setting(spec: str) -> tuple[PLDConfig, ChainCost]:
             tuple(float(v) for v in value.split("/")) if "tuple" in kind
             else int(value) if kind == "int" else float(value)
         )
+    if "min_prob" not in kwargs and cost.cheapest_token > 0:
+        kwargs["min_prob"] = cost.cheapest_token  # as PLDProposer sets it
     return PLDConfig(**kwargs), cost
 
 
@@ -150,6 +163,35 @@ def load_run(run_dir: Path) -> tuple[dict, dict[str, dict[str, dict]]]:
     return inputs, rows
 
 
+def load_bench(run_dir: Path, exclude: set[str]) -> tuple[dict[str, list[int]], dict[str, dict]]:
+    """A ``specgraft bench`` run's ``ar`` generations as replay inputs: ``(key -> prompt ids,
+    key -> {"tokens", "time_s"})`` with vLLM's keys (``prompt_id:turn``), ``exclude``'s keys left out."""
+    from transformers import AutoTokenizer
+
+    from specgraft.bench.runner import conversation_ids
+    from specgraft.models.resolve import resolve_model
+    from specgraft.suites import load_suite
+
+    cfg = json.loads((run_dir / "run.json").read_text())["config"]
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(cfg["model"], progress=False))
+    ar = {(r["prompt_id"], r["turn"]): r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())
+          if r["method"] == "ar"}
+    chat_ok = bool(getattr(tokenizer, "chat_template", None))
+    inputs: dict[str, list[int]] = {}
+    outputs: dict[str, dict] = {}
+    for prompt in load_suite(cfg["suite"], cfg.get("per_task"), cfg.get("alpaca_path")).prompts:
+        for turn in range(len(prompt.turns)):
+            key, row = f"{prompt.id}:{turn}", ar.get((prompt.id, turn))
+            if row is None or key in exclude:
+                continue
+            answers = [ar[(prompt.id, t)]["text"] for t in range(turn)]
+            inputs[key] = conversation_ids(tokenizer, prompt.turns[: turn + 1], answers, prompt.chat and chat_ok)
+            if len(inputs[key]) != row["prompt_tokens"]:
+                raise SystemExit(f"{run_dir}: {key} rebuilt to {len(inputs[key])} prompt tokens, the run had {row['prompt_tokens']}")
+            outputs[key] = {"tokens": row["tokens"], "time_s": row["time_s"]}
+    return inputs, outputs
+
+
 def fit_costs(rows: dict[str, dict[str, dict]], plain: dict[str, float]) -> tuple[float, float]:
     """``(a, b)`` in ``time = (steps + a * drafts + b * draft_tokens) * s_p``, least squares over
     every speculative row (``steps`` counts the prefill's token as one)."""
@@ -168,7 +210,11 @@ def fit_costs(rows: dict[str, dict[str, dict]], plain: dict[str, float]) -> tupl
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", type=Path, help="a specgraft bench output directory with a vllm/ folder")
+    ap.add_argument("run", type=Path, nargs="?", help="a specgraft bench output directory with a vllm/ folder")
+    ap.add_argument("--bench", type=Path, action="append", default=[],
+                    help="instead: replay the ar outputs of this bench run (repeatable; needs --step-costs)")
+    ap.add_argument("--exclude", type=Path, action="append", default=[],
+                    help="with --bench: leave out the inputs of this vLLM bench run (repeatable)")
     ap.add_argument("--pld", action="append", default=[], help="PLDConfig overrides, e.g. min_prob=0.05 (repeatable; '' = defaults)")
     ap.add_argument("-k", type=int, default=5, help="num_speculative_tokens (the run's)")
     ap.add_argument("--step-costs", type=Path, default=None,
@@ -176,10 +222,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     specs = args.pld or [""]
 
-    inputs, rows = load_run(args.run)
-    reference = rows["vllm"]
+    if (args.run is None) == (not args.bench):
+        raise SystemExit("give a vLLM bench run, or --bench runs (not both)")
+    if args.bench:
+        if args.step_costs is None:
+            raise SystemExit("--bench needs --step-costs (there are no vLLM rows to fit a cost model to)")
+        exclude = {key for run in args.exclude for key in load_run(run)[0]}
+        inputs, reference, rows = {}, {}, {}
+        for run in args.bench:
+            got, outs = load_bench(run, exclude | set(inputs))
+            inputs.update(got)
+            reference.update(outs)
+        print(f"{len(inputs)} inputs from {', '.join(map(str, args.bench))} ({len(exclude)} excluded keys)")
+    else:
+        inputs, rows = load_run(args.run)
+        reference = rows["vllm"]
     plain = {key: r["time_s"] / len(r["tokens"]) for key, r in reference.items()}
-    a, b = fit_costs(rows, plain)
+    a, b = fit_costs(rows, plain) if rows else (0.0, 0.0)
     relative = None
     if args.step_costs is not None:
         by_len = json.loads(args.step_costs.read_text())["relative_to_plain"]

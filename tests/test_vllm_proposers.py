@@ -5,9 +5,11 @@ lists, the input batch's whole ``num_tokens_no_spec`` ``[max_num_reqs]`` and ``t
 input batch that adds, verifies, condenses and removes rows as vLLM does. The end-to-end test in
 vLLM itself is ``tests/integrations/test_vllm_e2e.py``."""
 
+import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -182,16 +184,66 @@ def test_chain_cost_gates_whole_chains_and_follows_the_device_and_environment(mo
     assert PLDProposer(vllm_config(device_type="cpu"), check_vllm=False).cost == ChainCost()
 
 
+def test_best_chains_are_the_best_paths_of_each_length():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(0, 12))
+        parents = [int(rng.integers(-1, i)) if i else -1 for i in range(n)]
+        scores = [float(x) for x in rng.random(n).round(2)]
+        got = integ.best_chains(parents, scores, 6)
+        assert len(got) == min(6, n)
+        for length, chain in enumerate(got, start=1):
+            # every root-to-node path of exactly `length` nodes, brute force
+            paths = []
+            for end in range(n):
+                path = [end]
+                while parents[path[-1]] >= 0:
+                    path.append(parents[path[-1]])
+                if len(path) == length:
+                    paths.append(path[::-1])
+            if not paths:
+                assert chain == []
+                continue
+            best = max(sum(scores[i] for i in p) for p in paths)
+            assert chain in paths and sum(scores[i] for i in chain) == pytest.approx(best)
+
+
+def test_a_measured_cost_per_length_prices_whole_chains(tmp_path):
+    cost = ChainCost(0.05, 0.1, (0.15, 0.25, 0.5, 0.55, 0.6))
+    assert [cost.of(L) for L in range(7)] == pytest.approx([0, 0.15, 0.25, 0.5, 0.55, 0.6, 0.7])
+    assert cost.cheapest_token == pytest.approx(0.05)
+    chain = [-1, 0, 1, 2, 3]
+    # a strong copy runs to five tokens (the 4th and 5th are cheap) ...
+    assert cost.choose(chain, [0.8, 0.7, 0.6, 0.5, 0.4], 5) == [0, 1, 2, 3, 4]
+    # ... a middling one stops at two (the third token costs 0.25 here)
+    assert cost.choose(chain, [0.6, 0.4, 0.2, 0.02, 0.02], 5) == [0, 1]
+    assert cost.choose(chain, [0.1, 0.04, 0.01, 0.01, 0.01], 5) == []
+    # the linear cost is the old rule: sum(p) - token * L > step, tokens while p > token
+    line = ChainCost(0.1, 0.1)
+    assert line.choose(chain, [0.9, 0.5, 0.2, 0.05, 0.01], 5) == [0, 1, 2] == best_chain(chain, [0.9, 0.5, 0.2, 0.05, 0.01], 5, 0.1)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        ChainCost(by_length=(0.2, 0.1))
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"relative_to_no_draft": {"0": 1.0, "1": 1.15, "2": 1.14, "3": 1.5}, "chain_cost": {"step": 0.05, "token": 0.12}}))
+    assert ChainCost.from_probe(probe) == ChainCost(0.05, 0.12, (0.15, 0.15, 0.5))  # a dip is noise
+    assert ChainCost.parse(str(probe)) == ChainCost.from_probe(probe)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a step-cost file"):
+        ChainCost.parse(str(tmp_path / "bad.json"))
+    shipped = Path(__file__).parents[1] / "benchmarks/results-vllm/step-cost-qwen1.5b-zen3.json"
+    assert ChainCost.from_probe(shipped).by_length == CPU_DEFAULT.by_length
+
+
 def test_a_costly_draft_step_drops_weak_matches_and_keeps_strong_copies():
     on_cpu = PLDProposer(vllm_config(device_type="cpu"), check_vllm=False)
-    assert on_cpu.cost == CPU_DEFAULT == ChainCost(0.0, 0.1) and on_cpu.drafter.config.min_prob == CPU_DEFAULT.token
+    assert on_cpu.cost == CPU_DEFAULT and on_cpu.drafter.config.min_prob == CPU_DEFAULT.cheapest_token
     free = PLDProposer(vllm_config(), check_vllm=False)
     costed = PLDProposer(vllm_config(), check_vllm=False, cost=ChainCost(0.25, 0.065))
     # one earlier "7": a unigram match, estimated at 0.25 acceptance, is worth less than a draft step
     rows = np.zeros((1, 32), np.int32)
     rows[0, :6] = [3, 7, 4, 5, 6, 7]
     assert free.propose([[7]], np.array([6]), rows) == [[4]]
-    assert on_cpu.propose([[7]], np.array([6]), rows) == [[4]]  # 0.25 > 0.1 per token
+    assert on_cpu.propose([[7]], np.array([6]), rows) == [[4]]  # 0.25 > 0.154 for one token
     assert costed.propose([[7]], np.array([6]), rows) == [[]]
     # a repeated passage is still drafted and accepted
     prompt, truth = copy_task(0)

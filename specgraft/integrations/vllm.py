@@ -33,8 +33,8 @@ the datastores); nothing one request learns reaches another.
 **Proposers** (each reuses the specgraft drafter named, no copy of its logic):
 
 - :class:`PLDProposer`: ``drafters/pld.py``'s tree; the chain with the largest expected number
-  of accepted tokens net of what verifying it costs vLLM (:class:`ChainCost`: a fixed cost for
-  a step that verifies any draft, plus one per draft token), cut at ``num_speculative_tokens``;
+  of accepted tokens net of what verifying it costs vLLM (:class:`ChainCost`: the measured cost
+  of a step verifying each number of draft tokens), at most ``num_speculative_tokens`` long;
   no draft when no chain pays for its verification, so a weak match costs vLLM nothing.
 - :class:`ReaderProposer`: READER's retrieval path (``drafters/reader_retrieval.py``): a
   ``TokenTrie`` per request over its own tokens, plus the long-term suffix-array datastores named
@@ -68,6 +68,7 @@ __all__ = [
     "PLDProposer",
     "ReaderProposer",
     "best_chain",
+    "best_chains",
     "require_vllm",
     "speculative_config",
 ]
@@ -78,7 +79,8 @@ logger = logging.getLogger(__name__)
 SUPPORTED_VLLM = ("0.32",)
 #: Datastore directories of :class:`ReaderProposer`, separated by ``:`` or ``,`` (empty: trie only).
 DATASTORE_ENV = "SPECGRAFT_VLLM_DATASTORE"
-#: :class:`ChainCost` override, ``STEP,TOKEN`` (e.g. ``0.05,0.12``; ``0,0``: ``min_prob`` alone).
+#: :class:`ChainCost` override: ``STEP,TOKEN`` (e.g. ``0.05,0.12``; ``0,0``: ``min_prob`` alone), or
+#: the path of a ``benchmarks/vllm_step_cost.py`` JSON (the measured cost of each draft length).
 CHAIN_COST_ENV = "SPECGRAFT_VLLM_CHAIN_COST"
 
 PROPOSERS: dict[str, str] = {
@@ -126,14 +128,61 @@ def speculative_config(method: str, num_speculative_tokens: int = 5) -> dict[str
     return {"method": "custom_class", "model": PROPOSERS[method], "num_speculative_tokens": int(num_speculative_tokens)}
 
 
+def best_chains(parents: Sequence[int], scores: Sequence[float], max_len: int | None = None) -> list[list[int]]:
+    """For each ``L = 1 .. max_len``, the root-to-node path of exactly ``L`` nodes with the largest
+    sum of ``scores`` (``[]`` where no path is that deep); node indices. A node's score is its
+    estimated acceptance, so a path's sum is its expected number of accepted tokens. Ties: the
+    earlier node.
+
+    >>> best_chains([-1, -1, 1, 2], [0.6, 0.5, 0.45, 0.4])
+    [[0], [1, 2], [1, 2, 3], []]
+    """
+    n = len(parents)
+    cap = n if max_len is None else min(max_len, n)
+    children: list[list[int]] = [[] for _ in range(n + 1)]
+    for i, p in enumerate(parents):
+        children[p + 1].append(i)
+    # exact[i]: best sum of a path of exactly L nodes starting at node i (None: none that deep);
+    # nexts[L][i]: the child that path continues with
+    exact: list[float | None] = [float(x) for x in scores]
+    nexts: list[list[int]] = [[-1] * n]
+    roots: list[int] = []
+    for length in range(1, cap + 1):
+        if length > 1:
+            row: list[float | None] = [None] * n
+            pick = [-1] * n
+            for i in range(n):
+                for c in children[i + 1]:
+                    if exact[c] is not None and (pick[i] < 0 or exact[c] > exact[pick[i]]):  # type: ignore[operator]
+                        pick[i] = c
+                if pick[i] >= 0:
+                    row[i] = scores[i] + exact[pick[i]]  # type: ignore[operator]
+            exact = row
+            nexts.append(pick)
+        best = -1
+        for i in children[0]:
+            if exact[i] is not None and (best < 0 or exact[i] > exact[best]):  # type: ignore[operator]
+                best = i
+        roots.append(best)
+    chains: list[list[int]] = []
+    for length, node in enumerate(roots, start=1):
+        chain: list[int] = []
+        for d in range(length, 0, -1):
+            if node < 0:
+                break
+            chain.append(node)
+            node = nexts[d - 1][node]
+        chains.append(chain)
+    return chains
+
+
 def best_chain(
     parents: Sequence[int], scores: Sequence[float], max_len: int | None = None, token_cost: float = 0.0
 ) -> list[int]:
     """The root-to-node path of at most ``max_len`` nodes with the largest sum of
-    ``score - token_cost`` (a node's score is its estimated acceptance, so the sum of scores is
-    the path's expected number of accepted tokens, and ``token_cost`` what verifying one more
-    draft token costs, in the same unit); node indices. The path stops where going deeper no
-    longer pays (with ``token_cost = 0``, at a leaf or at ``max_len``). Ties: the earlier node.
+    ``score - token_cost`` (``token_cost``: what verifying one more draft token costs, in accepted
+    tokens); node indices. The path stops where going deeper no longer pays (with
+    ``token_cost = 0``, at a leaf or at ``max_len``): of equal sums the shorter.
 
     A greedy walk takes the likelier first token; this takes the longer expected run, when it fits:
 
@@ -144,35 +193,13 @@ def best_chain(
     >>> best_chain([-1, -1, 1, 2], [0.6, 0.5, 0.45, 0.4], token_cost=0.42)  # the deep branch no longer pays
     [0]
     """
-    n = len(parents)
-    depth_cap = n if max_len is None else min(max_len, n)
-    children: list[list[int]] = [[] for _ in range(n + 1)]
-    for i, p in enumerate(parents):
-        children[p + 1].append(i)
-    # value[d][i]: best sum of a path of at most d nodes starting at node i (d = 0: nothing);
-    # choice[d][i]: the child that path continues with (-1: it stops at i)
-    value = [[0.0] * n]
-    choice = [[-1] * n]
-    for d in range(1, depth_cap + 1):
-        row, pick = [0.0] * n, [-1] * n
-        for i in range(n):
-            best, arg = 0.0, -1
-            for c in children[i + 1]:
-                if value[d - 1][c] > best:
-                    best, arg = value[d - 1][c], c
-            row[i], pick[i] = scores[i] - token_cost + best, arg
-        value.append(row)
-        choice.append(pick)
-    chain: list[int] = []
-    node = -1
-    for i in children[0]:
-        if node < 0 or value[depth_cap][i] > value[depth_cap][node]:
-            node = i
-    d = depth_cap
-    while node >= 0 and d > 0:
-        chain.append(node)
-        node, d = choice[d][node], d - 1
-    return chain
+    best: list[int] = []
+    value = 0.0
+    for chain in best_chains(parents, scores, max_len):
+        v = sum(scores[i] for i in chain) - token_cost * len(chain)
+        if chain and (not best or v > value):
+            best, value = chain, v
+    return best
 
 
 @dataclass(frozen=True)
@@ -183,47 +210,99 @@ class ChainCost:
     tokens exceeds ``step + token * len(chain)``; tokens are added while one more is expected to
     be accepted with probability above ``token``.
 
-    Measured in vLLM 0.32 on this CPU by ``benchmarks/vllm_step_cost.py``: a probe proposer
-    drafts rejected chains of every length 0..5 in a shuffled order within one generation and
-    times each step, so drift cancels. Relative to a step without a draft, a step verifying L
-    draft tokens cost 1.06 / 1.15 / 1.32 / 1.40 / 1.46 (Qwen2.5-Coder-1.5B) and 1.05 / 1.18 /
-    1.38 / 1.43 / 1.53 (0.5B) for L = 1..5: least squares step -0.03 / -0.05, token 0.104 / 0.122.
-    So ``CPU_DEFAULT`` is ``ChainCost(0, 0.1)``: no fixed cost, a tenth of a step per draft token,
-    which makes a chain pay exactly when each of its tokens is estimated above 10% acceptance.
-    Other CPUs measure cheaper tokens (AVX-512 EPYC and Xeon: ~0.05 per token, 0.01-0.06 per
-    drafting step; README, "What a draft costs vLLM"), but replaying vLLM's loop with those costs
-    moves the predicted time by under 0.5% on the benchmark prompts, so one default serves.
-    (A first estimate, fitted to whole-generation times of the vLLM benchmark rows, put a fixed
-    0.25 on every drafting step; it was confounded with drift and with which proposer drafted
-    what, and the proposer tuned to it drafted too little.) Not measured on a GPU, where a few
-    more verified tokens are nearly free: there the default is ``ChainCost(0, 0)`` (``min_prob``
-    alone decides). Override with ``$SPECGRAFT_VLLM_CHAIN_COST`` (``STEP,TOKEN``).
+    The probe (``benchmarks/vllm_step_cost.py``, in vLLM 0.32) drafts rejected chains of every
+    length 0..k in a shuffled order within one generation and times each step, so drift cancels.
+    Other CPUs measured other curves (AVX-512 EPYC and Xeon: ~0.05 per token, 0.01-0.12 for the
+    first; README, "What a draft costs vLLM"); replayed with the Xeon's costs, the Zen 3 table
+    predicts the same time as the line did there. (A first estimate, fitted to whole-generation
+    times of the vLLM benchmark rows, put a fixed 0.25 on every drafting step; it was confounded
+    with drift and with which proposer drafted what, and the proposer tuned to it drafted too
+    little.) Not measured on a GPU, where a few more verified tokens are nearly free: there the
+    default is ``ChainCost(0, 0)`` (``min_prob`` alone decides). Override with
+    ``$SPECGRAFT_VLLM_CHAIN_COST``: ``STEP,TOKEN``, or the path of a probe's JSON.
 
     >>> ChainCost(0.25, 0.065).pays([0.3])   # 0.3 expected accepted < 0.25 + 0.065
     False
     >>> ChainCost(0.25, 0.065).pays([0.8, 0.64])
     True
+    >>> CPU_DEFAULT.of(2), CPU_DEFAULT.of(3)
+    (0.248, 0.4915)
+    >>> CPU_DEFAULT.choose([-1, 0, 1, 2, 3], [0.7, 0.5, 0.2, 0.15, 0.12], 5)   # 1.67 - 0.5911 beats 1.2 - 0.248
+    [0, 1, 2, 3, 4]
     """
 
     step: float = 0.0
     token: float = 0.0
+    by_length: tuple[float, ...] = ()
+    """Extra cost of a step verifying ``L = 1, 2, ...`` draft tokens (empty: ``step + token * L``)."""
 
     def __post_init__(self) -> None:
         if not (self.step >= 0.0 and self.token >= 0.0):
             raise ValueError(f"chain costs must be >= 0, got step={self.step}, token={self.token}")
+        if any(not c >= 0.0 for c in self.by_length) or any(b < a for a, b in zip(self.by_length, self.by_length[1:])):
+            raise ValueError(f"by_length must be >= 0 and non-decreasing (a longer draft never costs less), got {self.by_length}")
+
+    def of(self, length: int) -> float:
+        """What verifying a chain of ``length`` draft tokens costs, in steps (0 for no chain)."""
+        if length <= 0:
+            return 0.0
+        table = self.by_length
+        if table:
+            return table[length - 1] if length <= len(table) else table[-1] + self.token * (length - len(table))
+        return self.step + self.token * length
+
+    @property
+    def cheapest_token(self) -> float:
+        """The least any one more draft token adds to :meth:`of` (a node estimated below it never pays)."""
+        if not self.by_length:
+            return self.token
+        steps = [b - a for a, b in zip((0.0, *self.by_length), self.by_length)]
+        return min(min(steps), self.token)
 
     def pays(self, scores: Sequence[float]) -> bool:
         """Whether a chain whose nodes have these estimated acceptances is worth verifying."""
-        return bool(scores) and sum(scores) - self.token * len(scores) > self.step
+        return bool(scores) and sum(scores) > self.of(len(scores))
+
+    def choose(self, parents: Sequence[int], scores: Sequence[float], max_len: int) -> list[int]:
+        """The tree's path (node indices, at most ``max_len``) with the largest expected number of
+        accepted tokens net of :meth:`of` its length; ``[]`` when none is positive."""
+        best: list[int] = []
+        value = 0.0
+        for chain in best_chains(parents, scores, max_len):
+            v = sum(scores[i] for i in chain) - self.of(len(chain))
+            if chain and v > value:
+                best, value = chain, v
+        return best
 
     @classmethod
     def parse(cls, text: str) -> "ChainCost":
-        """``"0.25,0.065"`` -> ``ChainCost(0.25, 0.065)``; a one-line ``ValueError`` otherwise."""
+        """``"0.25,0.065"`` -> ``ChainCost(0.25, 0.065)``; a path to a probe's JSON ->
+        :meth:`from_probe`; a one-line ``ValueError`` otherwise."""
+        if text.endswith(".json") or os.path.isfile(text):
+            return cls.from_probe(text)
         try:
             step, token = (float(v) for v in text.split(","))
         except ValueError:
-            raise ValueError(f"${CHAIN_COST_ENV} must be STEP,TOKEN (two numbers), got {text!r}") from None
+            raise ValueError(f"${CHAIN_COST_ENV} must be STEP,TOKEN (two numbers) or a step-cost JSON file, got {text!r}") from None
         return cls(step, token)
+
+    @classmethod
+    def from_probe(cls, path: str | os.PathLike[str]) -> "ChainCost":
+        """The costs ``benchmarks/vllm_step_cost.py`` measured (its ``--out`` JSON): the table of
+        ``relative_to_no_draft`` (each entry at least the one before: a dip is noise) and its
+        least-squares ``step`` / ``token`` (``token`` prices tokens past the table)."""
+        import json
+
+        try:
+            probe = json.loads(open(path).read())
+            rel = {int(k): float(v) for k, v in probe["relative_to_no_draft"].items()}
+            fit = probe.get("chain_cost", {})
+            table: list[float] = []
+            for length in range(1, max(rel) + 1):
+                table.append(max(rel[length] - 1.0, table[-1] if table else 0.0))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a step-cost file of benchmarks/vllm_step_cost.py ({e})") from None
+        return cls(max(float(fit.get("step", 0.0)), 0.0), max(float(fit.get("token", 0.0)), 0.0), tuple(round(c, 4) for c in table))
 
     @classmethod
     def for_device(cls, device_type: str | None) -> "ChainCost":
@@ -234,7 +313,9 @@ class ChainCost:
         return CPU_DEFAULT if device_type == "cpu" else cls()
 
 
-CPU_DEFAULT = ChainCost(0.0, 0.1)
+CPU_DEFAULT = ChainCost(0.0518, 0.1182, (0.1541, 0.248, 0.4915, 0.5563, 0.5911))
+"""Measured on an AMD EPYC Zen 3 (AVX2), Qwen2.5-Coder-1.5B, vLLM 0.32, 1 model thread
+(``benchmarks/results-vllm/step-cost-qwen1.5b-zen3.json``)."""
 
 
 @dataclass
@@ -399,8 +480,9 @@ class PLDProposer(SpecgraftProposer):
         from specgraft.drafters.pld import PLDConfig, PLDDrafter
 
         if config is None:
-            # a node is worth a verify token when its estimated acceptance exceeds the token's cost
-            config = PLDConfig(min_prob=self.cost.token) if self.cost.token > 0 else PLDConfig()
+            # a node can pay for its verify token only when its estimated acceptance exceeds the
+            # cheapest one more token adds; ChainCost.choose then prices whole chains
+            config = PLDConfig(min_prob=self.cost.cheapest_token) if self.cost.cheapest_token > 0 else PLDConfig()
         self.drafter = PLDDrafter(config)
         logger.info(
             "specgraft PLD proposer: %s, %s, num_speculative_tokens=%d", self.drafter.config, self.cost, self.num_speculative_tokens
@@ -496,9 +578,7 @@ class AdaPLDProposer(SpecgraftProposer):
 def _costed_chain(tree: Any, k: int, cost: ChainCost) -> list[int]:
     """The tokens of ``tree``'s best chain of at most ``k`` nodes under ``cost`` (``[]`` when no
     chain is expected to pay for its verification)."""
-    scores = tree.scores or [1.0] * len(tree)
-    chain = best_chain(tree.parents, scores, k, token_cost=cost.token)
-    return [tree.tokens[i] for i in chain] if cost.pays([scores[i] for i in chain]) else []
+    return [tree.tokens[i] for i in cost.choose(tree.parents, tree.scores or [1.0] * len(tree), k)]
 
 
 def datastore_paths() -> list[str]:
