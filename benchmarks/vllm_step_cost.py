@@ -9,6 +9,12 @@ between two calls is one engine step (schedule, forward over 1 + L rows, samplin
 propose), attributed to the L it proposed at the first. Lengths are interleaved within one
 generation, so drift cancels. A plain engine (no speculation) is timed on the same prompt too.
 
+``--isolated`` asks what a draft costs among steps without one, as in a real generation where a
+proposer drafts now and then: each draft (lengths 1..k, shuffled) is followed by
+``--gap`` steps without one, and the steps are told apart by what came before them: a step
+without a draft after ``--gap - 1`` of them (plain decoding inside the speculative engine), the
+drafting step, and the first step after it.
+
 Run in vLLM's venv, ``benchmarks/`` on ``PYTHONPATH`` (vLLM imports the probe by module path)::
 
     PYTHONPATH=benchmarks:. /work/.venv-vllm/bin/python benchmarks/vllm_step_cost.py \\
@@ -34,6 +40,8 @@ import numpy as np
 
 #: Where the probe (in vLLM's worker process) writes its records.
 RECORDS_ENV = "SPECGRAFT_STEP_COST_RECORDS"
+#: ``--gap`` for the probe in vLLM's worker process (0: the shuffled mode).
+GAP_ENV = "SPECGRAFT_STEP_COST_GAP"
 
 
 class StepCostProbe:
@@ -44,9 +52,11 @@ class StepCostProbe:
         self.junk = int(vllm_config.model_config.get_vocab_size()) - 1
         self.path = os.environ[RECORDS_ENV]
         self.rng = random.Random(0)
+        self.gap = int(os.environ.get(GAP_ENV, "0"))  # 0: lengths 0..k shuffled; g > 0: each draft then g steps without
         self.cycle: list[int] = []
         self.last: tuple[float, int] | None = None  # (time of the last propose call, L proposed then)
-        self.records: list[tuple[int, float, int]] = []  # (L, step seconds, tokens the step emitted)
+        self.previous = 0  # L proposed the call before that
+        self.records: list[tuple[int, float, int, int]] = []  # (L, step seconds, tokens the step emitted, L the step before)
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -54,12 +64,18 @@ class StepCostProbe:
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
         now = time.perf_counter()
         if self.last is not None and sampled_token_ids and sampled_token_ids[0]:
-            self.records.append((self.last[1], now - self.last[0], len(sampled_token_ids[0])))
+            self.records.append((self.last[1], now - self.last[0], len(sampled_token_ids[0]), self.previous))
+            self.previous = self.last[1]
             if len(self.records) % 16 == 0:
                 Path(self.path).write_text(json.dumps(self.records))
         if not self.cycle:
-            self.cycle = list(range(self.k + 1))
-            self.rng.shuffle(self.cycle)
+            if self.gap:
+                lengths = list(range(1, self.k + 1))
+                self.rng.shuffle(lengths)
+                self.cycle = [L for length in lengths for L in [0] * self.gap + [length]]  # popped from the end
+            else:
+                self.cycle = list(range(self.k + 1))
+                self.rng.shuffle(self.cycle)
         length = self.cycle.pop()
         drafts = [[self.junk] * length if sampled else [] for sampled in sampled_token_ids]
         self.last = (time.perf_counter(), length) if sampled_token_ids and sampled_token_ids[0] else None
@@ -73,8 +89,12 @@ def main() -> int:
     ap.add_argument("-k", type=int, default=5, help="num_speculative_tokens (longest draft probed)")
     ap.add_argument("--prompt-tokens", type=int, default=500, help="prompt length (the context steps attend to)")
     ap.add_argument("--skip", type=int, default=6, help="first steps left out (warm-up)")
+    ap.add_argument("--isolated", action="store_true", help="each draft among --gap steps without one (see above)")
+    ap.add_argument("--gap", type=int, default=4, help="with --isolated: steps without a draft after each draft")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.isolated and args.gap < 2:
+        raise SystemExit("--gap must be >= 2 (the step after a draft, then plain ones)")
 
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -83,6 +103,7 @@ def main() -> int:
 
     records_file = Path(f"/tmp/step-cost-{os.getpid()}.json")
     os.environ[RECORDS_ENV] = str(records_file)
+    os.environ[GAP_ENV] = str(args.gap if args.isolated else 0)
     rng = np.random.default_rng(0)
     prompt = TokensPrompt(prompt_token_ids=rng.integers(100, 20000, args.prompt_tokens).tolist())
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True, detokenize=False)
@@ -107,8 +128,10 @@ def main() -> int:
     records = json.loads(records_file.read_text())
     # the last generation's steps (the records of the warm-up come first), warm-up steps left out
     records = records[-(args.tokens - 1):][args.skip:]
+    if args.isolated:
+        return report_isolated(records, plain_step, args)
     by_len: dict[int, list[float]] = {}
-    for length, dt, emitted in records:
+    for length, dt, emitted, _ in records:
         if emitted == 1:  # a rejected draft (always, but for a junk token the model picked)
             by_len.setdefault(length, []).append(dt)
     medians = {L: statistics.median(v) for L, v in sorted(by_len.items())}
@@ -129,6 +152,34 @@ def main() -> int:
     for L, m in medians.items():
         print(f"L={L}: {m * 1000:7.1f} ms  {m / plain_step:.3f} x plain  {m / medians[0]:.3f} x L=0  ({len(by_len[L])} steps)")
     print(f"ChainCost(step={result['chain_cost']['step']}, token={result['chain_cost']['token']})  (L >= 1, least squares)")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+def report_isolated(records: list, plain_step: float, args: argparse.Namespace) -> int:
+    """``--isolated``: median seconds of plain steps (no draft, none the step before), of each
+    drafting step, and of the step right after a draft, by that draft's length."""
+    plain = [dt for length, dt, emitted, before in records if length == 0 and before == 0]
+    drafting: dict[int, list[float]] = {}
+    after: dict[int, list[float]] = {}
+    for length, dt, emitted, before in records:
+        if length > 0 and emitted == 1:
+            drafting.setdefault(length, []).append(dt)
+        elif length == 0 and before > 0:
+            after.setdefault(before, []).append(dt)
+    base = statistics.median(plain)
+    result = {
+        "model": args.model, "prompt_tokens": args.prompt_tokens, "tokens": args.tokens, "k": args.k, "gap": args.gap,
+        "plain_step_s": plain_step, "spec_engine_plain_step_s": round(base, 5), "plain_steps": len(plain),
+        "drafting_relative": {str(L): round(statistics.median(v) / base, 4) for L, v in sorted(drafting.items())},
+        "after_relative": {str(L): round(statistics.median(v) / base, 4) for L, v in sorted(after.items())},
+        "samples": {str(L): len(v) for L, v in sorted(drafting.items())},
+    }
+    print(f"plain engine step {plain_step * 1000:.1f} ms; spec engine, no draft and none before: {base * 1000:.1f} ms ({len(plain)} steps)")
+    for L in sorted(drafting):
+        d, a = statistics.median(drafting[L]) / base, statistics.median(after.get(L, [base])) / base
+        print(f"draft L={L}: drafting step {d:.3f}, the step after {a:.3f}, together {d + a - 2:+.3f} of a step ({len(drafting[L])} samples)")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
