@@ -51,9 +51,11 @@ logits or hidden states, which ``propose`` does not receive.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -206,9 +208,22 @@ def best_chain(
 class ChainCost:
     """What vLLM pays to verify a draft chain, in plain decoding steps: ``step`` once for a step
     that verifies any draft (vLLM's speculative path: rejection sampler, draft bookkeeping) and
-    ``token`` per draft token. A chain is proposed only when its expected number of accepted
-    tokens exceeds ``step + token * len(chain)``; tokens are added while one more is expected to
-    be accepted with probability above ``token``.
+    ``token`` per draft token, or, where ``by_length`` is given, the measured extra cost of a
+    step verifying ``L = 1, 2, ...`` draft tokens (past the table, its last entry plus ``token``
+    per further token). A proposer drafts the path whose expected number of accepted tokens
+    minus :meth:`of` its length is largest, and nothing when none is positive (:meth:`choose`).
+
+    Why a table: on the Zen 3 the cost is not a line. Verifying 3 draft tokens costs 0.49 of a
+    step against 0.25 for 2, and 5 cost 0.59 (Qwen2.5-Coder-1.5B, 500 cached tokens: relative to
+    a step without a draft 1.154 / 1.248 / 1.492 / 1.556 / 1.591 for L = 1..5; vLLM's kernels
+    step up at 4 rows). So a third token must bring a quarter of a token to pay for itself, while
+    the fourth and fifth cost 0.06 and 0.04: the line it replaced (``ChainCost(0, 0.1)``) cut good
+    5-token copies at 3 and let 3-token ones through too cheaply. Replaying vLLM's greedy loop
+    with these costs, the table predicts 0.7-1.0% less time than the line on the vLLM benchmark's
+    outputs and on 18 held-out ones; timed side by side on the Zen 3, the PLD proposer with it
+    took 0.983x / 0.945x / 0.937x vLLM ngram's time on the 1.5B / 0.5B / SmolLM2
+    (``benchmarks/RESULTS.md``, *the measured cost curve*). That table is ``CPU_DEFAULT``;
+    :meth:`from_probe` reads any machine's.
 
     The probe (``benchmarks/vllm_step_cost.py``, in vLLM 0.32) drafts rejected chains of every
     length 0..k in a shuffled order within one generation and times each step, so drift cancels.
@@ -291,10 +306,8 @@ class ChainCost:
         """The costs ``benchmarks/vllm_step_cost.py`` measured (its ``--out`` JSON): the table of
         ``relative_to_no_draft`` (each entry at least the one before: a dip is noise) and its
         least-squares ``step`` / ``token`` (``token`` prices tokens past the table)."""
-        import json
-
         try:
-            probe = json.loads(open(path).read())
+            probe = json.loads(Path(path).read_text())
             rel = {int(k): float(v) for k, v in probe["relative_to_no_draft"].items()}
             fit = probe.get("chain_cost", {})
             table: list[float] = []
