@@ -12,7 +12,7 @@ the longest trailing n-gram in ``[min, max]``, its earliest occurrence) and for 
 replayed counts against the drafts, draft tokens and accepted tokens vLLM's own counters
 recorded in that run.
 
-Time is then predicted with the step costs ``benchmarks/vllm_step_cost.py`` measured
+Time is then predicted with the step costs ``python -m specgraft.integrations.vllm_probe`` measured
 (``--step-costs``: a step's time per draft length, relative to a step without a draft), or
 else with a cost model fitted to the same run's measured rows:
 ``time = (steps + a * drafts + b * draft_tokens) * s_p``, where ``s_p`` is the prompt's measured
@@ -218,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--pld", action="append", default=[], help="PLDConfig overrides, e.g. min_prob=0.05 (repeatable; '' = defaults)")
     ap.add_argument("-k", type=int, default=5, help="num_speculative_tokens (the run's)")
     ap.add_argument("--step-costs", type=Path, default=None,
-                    help="benchmarks/vllm_step_cost.py's JSON: predict with its measured step time per draft length instead of the fit")
+                    help="the step-cost probe's JSON (python -m specgraft.integrations.vllm_probe): predict with its measured step time per draft length instead of the fit")
     args = ap.parse_args(argv)
     specs = args.pld or [""]
 

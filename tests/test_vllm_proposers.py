@@ -477,3 +477,36 @@ def integ_pld_config(**kwargs):
     from specgraft.drafters.pld import PLDConfig
 
     return PLDConfig(**kwargs)
+
+
+def test_the_step_cost_probe_drafts_every_length_and_its_result_prices_chains(tmp_path, monkeypatch):
+    """The probe vLLM loads (``python -m specgraft.integrations.vllm_probe``), fed as vLLM's runner
+    would; its summary is what ``ChainCost.from_probe`` reads."""
+    import doctest
+
+    from specgraft.integrations import vllm_probe
+
+    assert doctest.testmod(vllm_probe).failed == 0
+    module, name = vllm_probe.PROBE_CLASS.rsplit(".", 1)
+    assert module == vllm_probe.__name__ and getattr(vllm_probe, name) is vllm_probe.StepCostProbe
+    for gap in (0, 3):
+        monkeypatch.setenv(vllm_probe.RECORDS_ENV, str(tmp_path / f"records-{gap}.json"))
+        monkeypatch.setenv(vllm_probe.GAP_ENV, str(gap))
+        config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=K),
+                                 model_config=SimpleNamespace(get_vocab_size=lambda: 100))
+        probe = vllm_probe.StepCostProbe(config)
+        lengths = [len(probe.propose([[1]], np.array([10]), np.zeros((1, 64), np.int32))[0]) for _ in range(4 * (K + 1) * (gap + 1))]
+        assert set(lengths) == set(range(K + 1)) and max(lengths) == K
+        if gap:  # every draft is followed by `gap` steps without one
+            assert all(lengths[i + 1 : i + 1 + gap] == [0] * gap for i, L in enumerate(lengths[: -gap - 1]) if L)
+        assert all(r[0] == L for r, L in zip(probe.records, lengths))  # each step is timed under the length it verified
+    # a machine whose steps cost 1 + 0.1 L (L = 1, 2) and 1.5 from L = 3 on: the table follows it
+    records = [(L, 0.2 * (1 + (0.1 * L if L < 3 else 0.5)), 1, 0) for L in range(K + 1) for _ in range(5)]
+    result = vllm_probe.shuffled_costs(records, plain_step=0.2)
+    (tmp_path / "cost.json").write_text(json.dumps(result))
+    cost = ChainCost.from_probe(tmp_path / "cost.json")
+    assert cost.by_length == pytest.approx((0.1, 0.2, 0.5, 0.5, 0.5))
+    assert cost.choose([-1, 0, 1, 2, 3], [0.9, 0.8, 0.2, 0.2, 0.2], K) == [0, 1, 2, 3, 4]  # 2.3 - 0.5 > 1.7 - 0.2
+    assert cost.choose([-1, 0, 1, 2, 3], [0.9, 0.8, 0.1, 0.05, 0.05], K) == [0, 1]  # 1.9 - 0.5 < 1.7 - 0.2
+    with pytest.raises(ValueError, match="too few steps"):
+        vllm_probe.shuffled_costs(records[:3], plain_step=0.2)

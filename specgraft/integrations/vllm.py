@@ -82,7 +82,7 @@ SUPPORTED_VLLM = ("0.32",)
 #: Datastore directories of :class:`ReaderProposer`, separated by ``:`` or ``,`` (empty: trie only).
 DATASTORE_ENV = "SPECGRAFT_VLLM_DATASTORE"
 #: :class:`ChainCost` override: ``STEP,TOKEN`` (e.g. ``0.05,0.12``; ``0,0``: ``min_prob`` alone), or
-#: the path of a ``benchmarks/vllm_step_cost.py`` JSON (the measured cost of each draft length).
+#: the path of a ``python -m specgraft.integrations.vllm_probe`` JSON (the measured cost of each draft length).
 CHAIN_COST_ENV = "SPECGRAFT_VLLM_CHAIN_COST"
 
 PROPOSERS: dict[str, str] = {
@@ -225,7 +225,7 @@ class ChainCost:
     (``benchmarks/RESULTS.md``, *the measured cost curve*). That table is ``CPU_DEFAULT``;
     :meth:`from_probe` reads any machine's.
 
-    The probe (``benchmarks/vllm_step_cost.py``, in vLLM 0.32) drafts rejected chains of every
+    The probe (``python -m specgraft.integrations.vllm_probe``, in vLLM 0.32) drafts rejected chains of every
     length 0..k in a shuffled order within one generation and times each step, so drift cancels.
     Other CPUs measured other curves (AVX-512 EPYC and Xeon: ~0.05 per token, 0.01-0.12 for the
     first; README, "What a draft costs vLLM"); replayed with the Xeon's costs, the Zen 3 table
@@ -303,7 +303,7 @@ class ChainCost:
 
     @classmethod
     def from_probe(cls, path: str | os.PathLike[str]) -> "ChainCost":
-        """The costs ``benchmarks/vllm_step_cost.py`` measured (its ``--out`` JSON): the table of
+        """The costs ``python -m specgraft.integrations.vllm_probe`` measured (its ``--out`` JSON): the table of
         ``relative_to_no_draft`` (each entry at least the one before: a dip is noise) and its
         least-squares ``step`` / ``token`` (``token`` prices tokens past the table)."""
         try:
@@ -314,7 +314,7 @@ class ChainCost:
             for length in range(1, max(rel) + 1):
                 table.append(max(rel[length] - 1.0, table[-1] if table else 0.0))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: not a step-cost file of benchmarks/vllm_step_cost.py ({e})") from None
+            raise ValueError(f"{path}: not a step-cost file of specgraft.integrations.vllm_probe ({e})") from None
         return cls(max(float(fit.get("step", 0.0)), 0.0), max(float(fit.get("token", 0.0)), 0.0), tuple(round(c, 4) for c in table))
 
     @classmethod
