@@ -35,7 +35,7 @@ class RandomCap(FixedBudget):
     """A budget policy that caps the batch's budget at a random value each step (0 included),
     sometimes with one probing sequence (in its own forward or padded with the batch), starts
     sequences speculatively or not at random, and at random refuses a sequence's catch-up
-    (it then decodes plainly while the others draft)."""
+    (it then decodes plainly while the others draft, in the same forward or apart)."""
 
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
@@ -43,6 +43,9 @@ class RandomCap(FixedBudget):
 
     def pays_back(self, batch_size, budget, tokens, remaining):
         return self.rng.random() < 0.7
+
+    def split_pays(self, batch_size, drafting, budget):
+        return self.rng.random() < 0.5
 
     def plan(self, batch_size, budgets, keys=None):
         cap = self.rng.choice([None, 0, 1, 3, 8])
@@ -55,6 +58,21 @@ class RandomCap(FixedBudget):
 
     def observe(self, batch_size, budget, tree_nodes, accepted, draft_s, key=None):
         self.observed += 1
+
+
+class EveryOtherCatchesUp(FixedBudget):
+    """Budget 8 for all; every other sequence's catch-up is refused, and such mixed steps run
+    the drafting sequences in a forward of their own (or padded, ``split=False``)."""
+
+    def __init__(self, split: bool):
+        self.split, self.asked = split, 0
+
+    def pays_back(self, batch_size, budget, tokens, remaining):
+        self.asked += 1
+        return self.asked % 2 == 1
+
+    def split_pays(self, batch_size, drafting, budget):
+        return self.split
 
 
 def build(target: HFTarget, method: str, draft) -> SpecEngine:
@@ -151,6 +169,20 @@ def test_a_plainly_decoding_batch_does_no_drafting_work(monkeypatch):
         assert got == expected
         assert draft_calls == [] and requested and all(not r.topk for r in requested), method
         assert batch.stats.tokens == batch.stats.sequence_steps
+
+
+@pytest.mark.parametrize("method", ["draft-tree", "graft"])  # draft-model methods: a catch-up to refuse
+def test_a_mixed_step_split_in_two_forwards_emits_what_the_padded_one_does(method):
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    engine = build(target, method, perturbed(model))
+    prompts = [p for p, _ in make_prompts(n=6, vocab=model.config.vocab_size)]
+    config = GenerationConfig(max_new_tokens=12, budget=8)
+    expected = {str(i): build(target, "ar", None).generate_ids(p, config) for i, p in enumerate(prompts)}
+    for split in (False, True):
+        batch = BatchEngine(engine, max_batch=3, policy=EveryOtherCatchesUp(split))
+        assert run_schedule(batch, [(p, config) for p in prompts], random.Random(0)) == expected
+        assert (batch.stats.split_steps > 0) == split
 
 
 @pytest.mark.parametrize("method", ["recycling", "draft-tree"])

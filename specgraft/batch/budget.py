@@ -107,7 +107,7 @@ class StepPlan:
     """> 0 (with ``cap == 0``): one sequence drafts with this budget this step."""
     split: bool = False
     """Run the probing sequence in a forward of its own (cheaper than padding the whole batch to
-    its tree when the cost table says so)."""
+    its tree when the cost table says so: ``BudgetPolicy.split_pays``)."""
 
 
 class BudgetPolicy(Protocol):
@@ -142,6 +142,11 @@ class BudgetPolicy(Protocol):
         """Whether a sequence with ``remaining`` tokens to generate should draft at ``budget``
         although its drafters must first prefill ``tokens`` they have not cached."""
 
+    def split_pays(self, batch_size: int, drafting: int, budget: int) -> bool:
+        """Whether a step in which only ``drafting`` of ``batch_size`` sequences draft (at
+        ``budget``) is cheaper as two forwards, those sequences apart from the plain ones,
+        than as one forward padding every sequence to their trees."""
+
 
 class FixedBudget:
     """Every sequence verifies its own budget (no cost model): single-sequence behaviour."""
@@ -169,6 +174,9 @@ class FixedBudget:
 
     def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
         return True
+
+    def split_pays(self, batch_size: int, drafting: int, budget: int) -> bool:
+        return False
 
 
 @dataclass
@@ -653,10 +661,7 @@ class AdaptiveBudget:
             self._idle[batch_size] = 0
             positive = [b for b in self.budgets if b <= cap] or [cap]
             probe = max(positive, key=lambda k: self.predicted(batch_size, k))
-        split = batch_size > 1 and (
-            self.target_cost(batch_size - 1, 1) + self.target_cost(1, probe + 1) < self.target_cost(batch_size, probe + 1)
-        )
-        return StepPlan(cap=0, probe=probe, split=split)
+        return StepPlan(cap=0, probe=probe, split=self.split_pays(batch_size, 1, probe))
 
     def _measure_plain(self, batch_size: int) -> bool:
         """Whether a batch that speculates should decode plainly this step to measure what a
@@ -775,6 +780,22 @@ class AdaptiveBudget:
         step = self._step_cost(batch_size, budget)
         saving = remaining / batch_size * (self.target_cost(batch_size, 1) - step / self.acceptance.expected_tokens(budget))
         return saving > tokens * self.catch_up_per_token
+
+    def split_pays(self, batch_size: int, drafting: int, budget: int) -> bool:
+        """``T(B - d, 1) + T(d, 1 + k) < T(B, 1 + k)``: the plain sequences' forward plus the
+        drafting ones' costs less than padding all ``B`` to ``1 + k`` rows. A mixed step comes
+        from a probe, or from sequences whose catch-up would not pay back (:meth:`pays_back`):
+        at ``B = 4`` on the Zen 3 a cold policy lets one sequence catch up and draft while three
+        decode plainly, and the padded forward computes 36 rows for 12 real ones.
+
+        >>> p = AdaptiveBudget(CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}, 3: {1: 0.4, 9: 1.0}, 4: {1: 0.45, 9: 1.2}}))
+        >>> p.split_pays(4, 1, 8), p.split_pays(4, 3, 8), p.split_pays(1, 1, 8)   # 0.4 + 0.5 < 1.2; 0.3 + 1.0 > 1.2
+        (True, False, False)
+        """
+        if not 0 < drafting < batch_size:
+            return False
+        rows = 1 + budget
+        return self.target_cost(batch_size - drafting, 1) + self.target_cost(drafting, rows) < self.target_cost(batch_size, rows)
 
     def table(self, batch_sizes: Sequence[int], cap: int) -> list[dict]:
         """Per batch size: the chosen budget and predicted throughput of it and of plain decoding."""

@@ -84,10 +84,13 @@ class BatchStepStats:
     """Counters over a batch engine's life (the server's ``/metrics`` reads them)."""
 
     steps: int = 0
-    """Batched steps run (one target forward each; two for a probe in its own forward)."""
+    """Batched steps run (one target forward each; two for a split step)."""
     probe_steps: int = 0
     """Steps in which one sequence drafted while the batch decoded plainly (the policy's
     warm-up and exploration, :class:`~specgraft.batch.budget.StepPlan`)."""
+    split_steps: int = 0
+    """Steps run as two forwards, the drafting sequences apart from the plain ones
+    (``BudgetPolicy.split_pays``)."""
     sequence_steps: int = 0
     """Sum over steps of the sequences in the step."""
     tokens: int = 0
@@ -217,20 +220,36 @@ class BatchEngine:
     def _run_step(self, seqs: list[SequenceState], plan: StepPlan) -> list[list[int]]:
         """``step_batch`` under ``plan``: a sequence whose catch-up would not pay back decodes
         plainly (:meth:`_pays_back`); a probe goes to the first sequence whose drafters are
-        primed (else the first), in its own forward when ``plan.split``."""
+        primed (else the first). A step where only some sequences draft runs them in a forward
+        of their own when the policy says that is cheaper than padding every sequence to their
+        trees (``plan.split`` for a probe, ``BudgetPolicy.split_pays`` otherwise)."""
         if not plan.probe:
             if plan.cap == 0:
                 return self.engine.step_batch(seqs, 0)
-            return self.engine.step_batch(seqs, [plan.cap if self._pays_back(s, len(seqs), plan.cap) else 0 for s in seqs])
+            caps = [plan.cap if self._pays_back(s, len(seqs), plan.cap) else 0 for s in seqs]
+            budgets = [s.config.budget if c is None else min(c, s.config.budget) for s, c in zip(seqs, caps)]
+            drafting = sum(b > 0 for b in budgets)
+            split = self.policy.split_pays(len(seqs), drafting, max(budgets)) if 0 < drafting < len(seqs) else False
+            return self._step_apart(seqs, budgets, split)
         p = next((i for i, s in enumerate(seqs) if s.primed), 0)
         if not self._pays_back(seqs[p], len(seqs), plan.probe):
             return self.engine.step_batch(seqs, 0)
         self.stats.probe_steps += 1
-        if plan.split and len(seqs) > 1:
-            rest = self.engine.step_batch(seqs[:p] + seqs[p + 1 :], 0)
-            probed = self.engine.step_batch([seqs[p]], plan.probe)
-            return rest[:p] + probed + rest[p:]
-        return self.engine.step_batch(seqs, [plan.probe if i == p else 0 for i in range(len(seqs))])
+        return self._step_apart(seqs, [plan.probe if i == p else 0 for i in range(len(seqs))], plan.split)
+
+    def _step_apart(self, seqs: list[SequenceState], budgets: list[int], split: bool) -> list[list[int]]:
+        """``step_batch(seqs, budgets)``; with ``split`` as two forwards, the sequences that
+        draft apart from the plain ones (what each sequence emits is the same either way)."""
+        plain = [i for i, b in enumerate(budgets) if b <= 0]
+        if not split or not plain or len(plain) == len(seqs):
+            return self.engine.step_batch(seqs, budgets)
+        drafting = [i for i, b in enumerate(budgets) if b > 0]
+        emitted: list[list[int]] = [[] for _ in seqs]
+        for group, group_budgets in ((plain, 0), (drafting, [budgets[i] for i in drafting])):
+            for i, tokens in zip(group, self.engine.step_batch([seqs[i] for i in group], group_budgets), strict=True):
+                emitted[i] = tokens
+        self.stats.split_steps += 1
+        return emitted
 
     def _cancel_and_admit(self) -> list[BatchEvent]:
         events: list[BatchEvent] = []

@@ -113,6 +113,9 @@ class ServerMetrics:
             family(out, "specgraft_probe_steps_total", "counter",
                    "Steps in which one sequence drafted while the batch decoded plainly (budget warm-up and exploration).",
                    [({}, batch.stats.probe_steps)])
+            family(out, "specgraft_split_steps_total", "counter",
+                   "Steps run as two forwards, the drafting sequences apart from the plain ones (cheaper than padding).",
+                   [({}, batch.stats.split_steps)])
             family(out, "specgraft_sequence_steps_total", "counter", "Sequences summed over batched steps.", [({}, batch.stats.sequence_steps)])
             family(out, "specgraft_engine_tokens_total", "counter", "Tokens the engine emitted (including any dropped after a stop string).",
                    [({}, batch.stats.tokens)])
