@@ -228,8 +228,7 @@ class BatchEngine:
                 return self.engine.step_batch(seqs, 0)
             caps = [plan.cap if self._pays_back(s, len(seqs), plan.cap) else 0 for s in seqs]
             budgets = [s.config.budget if c is None else min(c, s.config.budget) for s, c in zip(seqs, caps)]
-            drafting = sum(b > 0 for b in budgets)
-            split = self.policy.split_pays(len(seqs), drafting, max(budgets)) if 0 < drafting < len(seqs) else False
+            split = self.policy.split_pays(len(seqs), sum(b > 0 for b in budgets), max(budgets))
             return self._step_apart(seqs, budgets, split)
         p = next((i for i, s in enumerate(seqs) if s.primed), 0)
         if not self._pays_back(seqs[p], len(seqs), plan.probe):
