@@ -130,9 +130,7 @@ def pld_setting(spec: str) -> tuple[PLDConfig, ChainCost]:
             tuple(float(v) for v in value.split("/")) if "tuple" in kind
             else int(value) if kind == "int" else float(value)
         )
-    if "min_prob" not in kwargs and cost.cheapest_token > 0:
-        kwargs["min_prob"] = cost.cheapest_token  # as PLDProposer sets it
-    return PLDConfig(**kwargs), cost
+    return PLDProposer.default_config(cost, **kwargs), cost
 
 
 def run_proposers(prompt: list[int], output: list[int], pld_specs: Sequence[str], k: int) -> dict[str, Replay]:

@@ -490,16 +490,23 @@ class PLDProposer(SpecgraftProposer):
 
     def __init__(self, vllm_config: Any, *, check_vllm: bool = True, config: Any = None, cost: ChainCost | None = None):
         super().__init__(vllm_config, check_vllm=check_vllm, cost=cost)
-        from specgraft.drafters.pld import PLDConfig, PLDDrafter
+        from specgraft.drafters.pld import PLDDrafter
 
-        if config is None:
-            # a node can pay for its verify token only when its estimated acceptance exceeds the
-            # cheapest one more token adds; ChainCost.choose then prices whole chains
-            config = PLDConfig(min_prob=self.cost.cheapest_token) if self.cost.cheapest_token > 0 else PLDConfig()
-        self.drafter = PLDDrafter(config)
+        self.drafter = PLDDrafter(config if config is not None else self.default_config(self.cost))
         logger.info(
             "specgraft PLD proposer: %s, %s, num_speculative_tokens=%d", self.drafter.config, self.cost, self.num_speculative_tokens
         )
+
+    @staticmethod
+    def default_config(cost: ChainCost, **overrides: Any) -> Any:
+        """The PLD configuration the proposer uses under ``cost``: a node can pay for its verify
+        token only when its estimated acceptance exceeds the cheapest one more token adds
+        (``min_prob``); :meth:`ChainCost.choose` then prices whole chains."""
+        from specgraft.drafters.pld import PLDConfig
+
+        if cost.cheapest_token > 0:
+            overrides.setdefault("min_prob", cost.cheapest_token)
+        return PLDConfig(**overrides)
 
     def begin(self, tokens: np.ndarray) -> Any:
         from specgraft.config import GenerationConfig
