@@ -56,7 +56,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -195,13 +195,21 @@ def best_chain(
     >>> best_chain([-1, -1, 1, 2], [0.6, 0.5, 0.45, 0.4], token_cost=0.42)  # the deep branch no longer pays
     [0]
     """
+    return _best_net(parents, scores, max_len, lambda length: token_cost * length)[0]
+
+
+def _best_net(
+    parents: Sequence[int], scores: Sequence[float], max_len: int | None, cost_of: Callable[[int], float]
+) -> tuple[list[int], float]:
+    """The path with the largest sum of scores minus ``cost_of(its length)``, and that value
+    (``([], 0.0)`` for an empty tree); of equal values the shorter."""
     best: list[int] = []
     value = 0.0
     for chain in best_chains(parents, scores, max_len):
-        v = sum(scores[i] for i in chain) - token_cost * len(chain)
+        v = sum(scores[i] for i in chain) - cost_of(len(chain))
         if chain and (not best or v > value):
             best, value = chain, v
-    return best
+    return best, value
 
 
 @dataclass(frozen=True)
@@ -281,13 +289,8 @@ class ChainCost:
     def choose(self, parents: Sequence[int], scores: Sequence[float], max_len: int) -> list[int]:
         """The tree's path (node indices, at most ``max_len``) with the largest expected number of
         accepted tokens net of :meth:`of` its length; ``[]`` when none is positive."""
-        best: list[int] = []
-        value = 0.0
-        for chain in best_chains(parents, scores, max_len):
-            v = sum(scores[i] for i in chain) - self.of(len(chain))
-            if chain and v > value:
-                best, value = chain, v
-        return best
+        chain, value = _best_net(parents, scores, max_len, self.of)
+        return chain if value > 0 else []
 
     @classmethod
     def parse(cls, text: str) -> "ChainCost":
