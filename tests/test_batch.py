@@ -559,5 +559,18 @@ def test_profile_and_bench_serve_cli(tmp_path, monkeypatch, capsys, tiny_model_d
         assert pld["ratio_vs_ar"] == pytest.approx(pld["tokens_per_s"] * (ar["wall_s"] + end["wall_s"]) / 2 / ar["tokens"])
     assert "bracketed by ar and ar-end" in err
     assert json.loads((tmp_path / "bs" / "run.json").read_text())["cost_table"] == str(written[0])
+    code, out, err = run_cli(
+        monkeypatch, capsys, "bench-serve", "--model", tiny_model_dir, "--methods", "pld", "--batch-sizes", "2", "--rounds", "3",
+        "--suite", str(suite), "--max-new-tokens", "6", "--out", str(tmp_path / "rounds"), "--threads", "1",
+    )
+    assert code == 0, err
+    rows = {(r := json.loads(line))["method"]: r for line in (tmp_path / "rounds" / "results.jsonl").read_text().splitlines()}
+    assert list(rows) == ["ar", "pld", "hf"], "rounds bracket each other: no ar-end"
+    assert all(len(r["passes_s"]) == 3 and r["wall_s"] == pytest.approx(sum(r["passes_s"])) and r["tokens"] == 3 * 6 * 3 for r in rows.values())
+    assert rows["pld"]["exact"] and rows["pld"]["ratio_vs_ar"] == pytest.approx(rows["ar"]["wall_s"] / rows["pld"]["wall_s"])
+    order = [line.split()[3] for line in err.splitlines() if " round " in line]
+    assert order == ["ar", "pld", "hf", "hf", "pld", "ar", "ar", "pld", "hf"], "the order alternates every round"
+    assert "pld: " in err and "over 3 alternating rounds" in err
+    assert json.loads((tmp_path / "rounds" / "run.json").read_text())["rounds"] == 3
     code, _, err = run_cli(monkeypatch, capsys, "profile", "--model", tiny_model_dir, "--batch-sizes", "0")
     assert code == 2 and "--batch-sizes must be integers >= 1" in err

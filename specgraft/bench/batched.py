@@ -12,9 +12,21 @@ numerics, so a divergence there is the peer's, not ours).
 
 Every generation runs ``max_new_tokens`` tokens (EOS is an ordinary token), so every method and
 batch size does the same work. Speed is a ratio against batched ``ar`` at the same ``B`` in
-the same run: with ``bracket`` (the default) ``ar`` runs again after the other methods at each
-batch size (row ``ar-end``) and the ratios are against the mean of the two passes, as ``bench``
-brackets its baselines; the log says how far the two passes drifted apart.
+the same run, in one of two ways:
+
+- ``rounds = 1``: one pass per method; with ``bracket`` (the default) ``ar`` runs again after
+  the others at each batch size (row ``ar-end``) and the ratios are against the mean of the two
+  passes, as ``bench`` brackets its baselines; the log says how far the two passes drifted apart.
+- ``rounds = R >= 2``: every method (``hf`` included) runs ``R`` passes at each batch size, in
+  the order given in odd rounds and reversed in even ones (``ar, pld, hf | hf, pld, ar | ...``),
+  so a drift that is linear over two rounds costs every method the same. A row sums its passes
+  (tokens/s = all tokens over all passes' time; ``passes_s`` keeps each pass's time) and its
+  ratio is ``ar``'s summed time over its own; the log adds each round's ratio and their median.
+  On a 2-core CPU whose speed wanders 8-12% over one pass set, this is what shows a few percent.
+
+For example, ``rounds = 2`` with ``ar`` and ``pld`` at ``B = 4`` runs ``ar, pld, pld, ar``; if
+those took 70, 66, 68 and 72 s, ``pld``'s ratio is (70 + 72) / (66 + 68) = 1.060x and its
+rounds' ratios 1.061x and 1.059x.
 
 Each method keeps **one** :class:`~specgraft.batch.AdaptiveBudget` for the whole run (batch
 sizes in the order given), as a server keeps one policy while its load changes: its warm-up
@@ -64,6 +76,8 @@ class BatchRow:
     probe_steps: int = 0
     """Steps in which one sequence drafted while the rest decoded plainly (the policy's warm-up
     and exploration)."""
+    passes_s: list[float] = field(default_factory=list)
+    """Wall time of each pass the row sums (one per round), in the order run."""
 
 
 def rss_mb() -> float:
@@ -120,7 +134,7 @@ def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, p
     )
 
 
-def hf_padded(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: int, pad_id: int) -> tuple[list[list[int]], list[float], float]:
+def hf_padded(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: int, pad_id: int) -> BatchedRun:
     """Hugging Face ``generate`` on left-padded batches of ``batch`` prompts (greedy, no EOS stop)."""
     outs: list[list[int]] = []
     lat: list[float] = []
@@ -137,7 +151,7 @@ def hf_padded(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: i
             )
         outs += out[:, width:].tolist()
         lat += [time.perf_counter() - t0] * len(group)
-    return outs, lat, time.perf_counter() - t0
+    return BatchedRun(outs, lat, time.perf_counter() - t0, [], {})
 
 
 def bench_batches(
@@ -149,10 +163,13 @@ def bench_batches(
     hf: bool = True,
     log: Callable[[str], None] = print,
     bracket: bool = True,
+    rounds: int = 1,
 ) -> list[BatchRow]:
     """Every method in ``decoders`` (``ar`` first) at every batch size; see the module docstring."""
     from specgraft.api import SpecDecoder
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     ar = decoders["ar"]
     config = SpecDecoder.make_config(max_new_tokens=max_new_tokens, stop_on_eos=False)
     log(f"reference: single-sequence ar on {len(prompts)} prompts")
@@ -163,64 +180,89 @@ def bench_batches(
     policies = {name: AdaptiveBudget.for_method(costs, name) for name in decoders if costs is not None and name != "ar"}
     for name, policy in policies.items():
         log(f"{name}: adaptive budget, prior from {policy.prior}")
+    names = list(decoders) + (["hf"] if hf else [])
+    pad = (ar.engine.eos_token_ids and min(ar.engine.eos_token_ids)) or 0
+
+    def one_pass(name: str, b: int) -> BatchedRun:
+        if name == "hf":
+            return hf_padded(ar.model, prompts, max_new_tokens, b, pad)
+        return run_batched(decoders[name], prompts, decoders[name].resolve(config), b, policies.get(name))
+
     for b in batch_sizes:
+        runs: dict[str, list[BatchedRun]] = {name: [] for name in names}
+        for r in range(rounds):
+            for name in names if r % 2 == 0 else names[::-1]:
+                runs[name].append(one_pass(name, b))
+                log(f"B={b} round {r + 1}/{rounds} {name:<12} {runs[name][-1].wall_s:7.1f} s")
+        if bracket and rounds == 1:
+            names_b, runs["ar-end"] = names + ["ar-end"], [one_pass("ar", b)]
+            log(f"B={b} ar-end {runs['ar-end'][0].wall_s:7.1f} s")
+        else:
+            names_b = names
         first = len(rows)
-        for name, dec in decoders.items():
-            rows.append(_method_row(name, dec, prompts, config, b, policies.get(name), reference, costs))
-            rows[-1].ratio_vs_ar = rows[-1].tokens_per_s / rows[first].tokens_per_s  # against the first ar pass until _ratios
-            log(_line(rows[-1]))
-        if hf:
-            model = ar.model
-            pad = (ar.engine.eos_token_ids and min(ar.engine.eos_token_ids)) or 0
-            outs, lat, wall = hf_padded(model, prompts, max_new_tokens, b, pad)
-            total = sum(len(o) for o in outs)
-            rows.append(BatchRow(
-                method="hf", batch=b, prompts=len(prompts), tokens=total, wall_s=wall, tokens_per_s=total / wall,
-                latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=1.0, exact=outs == reference, rss_mb=rss_mb(),
-                ratio_vs_ar=total / wall / rows[first].tokens_per_s,
-            ))
-            log(_line(rows[-1]))
-        if bracket:
-            rows.append(_method_row("ar-end", ar, prompts, config, b, None, reference, costs))
+        for name in names_b:
+            dec = ar if name in ("hf", "ar-end") else decoders[name]
+            rows.append(_method_row(name, dec, runs[name], b, policies.get(name), reference, costs))
         _ratios(rows[first:], log)
     return rows
 
 
-def _method_row(name: str, dec, prompts, config, batch: int, policy: AdaptiveBudget | None, reference, costs: CostTable | None) -> BatchRow:
-    """One method's pass over every prompt at batch size ``batch`` (ratio filled in by :func:`_ratios`)."""
-    run = run_batched(dec, prompts, dec.resolve(config), batch, policy)
-    outs, lat, wall, stats = run.outputs, run.latencies_s, run.wall_s, run.stats
-    total = sum(len(o) for o in outs)
+def _method_row(
+    name: str, dec, runs: Sequence[BatchedRun], batch: int, policy: AdaptiveBudget | None, reference, costs: CostTable | None,
+) -> BatchRow:
+    """One method's passes over every prompt at batch size ``batch``, summed (ratio filled in by :func:`_ratios`)."""
+    total = sum(len(o) for run in runs for o in run.outputs)
+    wall = sum(run.wall_s for run in runs)
+    lat = [x for run in runs for x in run.latencies_s]
+    stats = [s for run in runs for s in run.stats]
+    if name == "hf":  # the peer: outputs compared, no stats of ours
+        return BatchRow(
+            method=name, batch=batch, prompts=len(reference), tokens=total, wall_s=wall, tokens_per_s=total / wall,
+            latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=1.0,
+            exact=all(run.outputs == reference for run in runs), rss_mb=rss_mb(), passes_s=[run.wall_s for run in runs],
+        )
     steps = sum(s.steps for s in stats)
     proposed = sum((s.proposed_by_source for s in stats), Counter())
     accepted = sum((s.accepted_by_source for s in stats), Counter())
-    used = run.budget_by_batch.get(batch)
+    used = runs[-1].budget_by_batch.get(batch)
     return BatchRow(
-        method=name, batch=batch, prompts=len(prompts), tokens=total, wall_s=wall, tokens_per_s=total / wall,
+        method=name, batch=batch, prompts=len(reference), tokens=total, wall_s=wall, tokens_per_s=total / wall,
         latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=total / steps if steps else 0.0,
-        exact=outs == reference, budget=0 if name in ("ar", "ar-end") else used,
+        exact=all(run.outputs == reference for run in runs), budget=0 if name in ("ar", "ar-end") else used,
         predicted_tokens_per_s=_predicted(costs, policy, batch, used),
         rss_mb=rss_mb(), kv_mb=kv_mb(dec.target, *(getattr(d, "lm", None) for d in dec.engine.drafters)),
         acceptance_by_source={k: accepted[k] / v for k, v in proposed.items() if v},
-        commit_share=sum(s.commit_s for s in stats) / wall, probe_steps=run.probe_steps,
+        commit_share=sum(s.commit_s for s in stats) / wall, probe_steps=sum(run.probe_steps for run in runs),
+        passes_s=[run.wall_s for run in runs],
     )
 
 
 def _ratios(rows: list[BatchRow], log: Callable[[str], None]) -> None:
-    """Every row's ratio against batched ``ar`` at its batch size: against the mean of the two
-    ``ar`` passes (first and ``ar-end``, in total time for the same tokens) when the run is
-    bracketed, so the machine's drift between them is shared out rather than charged to the
-    methods that ran last; the log gives the drift and the bracketed ratios."""
+    """Every row's ratio against batched ``ar`` at its batch size, logged with its line.
+
+    Against ``ar``'s summed time when the rows hold several alternating rounds (each round's
+    ratio and their median logged too); against the mean of the two ``ar`` passes (first and
+    ``ar-end``, in total time for the same tokens) when a one-round run is bracketed, so the
+    machine's drift between them is shared out rather than charged to the methods that ran last
+    (the log gives the drift)."""
     ar = next(r for r in rows if r.method == "ar")
     end = next((r for r in rows if r.method == "ar-end"), None)
     ar_tps = ar.tokens / ((ar.wall_s + end.wall_s) / 2) if end is not None else ar.tokens_per_s
     for r in rows:
         r.ratio_vs_ar = r.tokens_per_s / ar_tps
-    if end is not None:
-        log(_line(end))
+        log(_line(r))
+    others = [r for r in rows if r.method not in ("ar", "ar-end")]
+    if len(ar.passes_s) > 1:
+        for r in others:
+            per_round = [a / m for a, m in zip(ar.passes_s, r.passes_s)]
+            log(
+                f"B={ar.batch} {r.method}: {r.ratio_vs_ar:.3f}x ar over {len(per_round)} alternating rounds "
+                f"(rounds {', '.join(f'{x:.3f}' for x in per_round)}; median {statistics.median(per_round):.3f})"
+            )
+    elif end is not None:
         log(
             f"B={ar.batch} bracketed by ar and ar-end (drift {end.tokens_per_s / ar.tokens_per_s:.3f}): "
-            + ", ".join(f"{r.method} {r.ratio_vs_ar:.3f}x" for r in rows if r.method not in ("ar", "ar-end"))
+            + ", ".join(f"{r.method} {r.ratio_vs_ar:.3f}x" for r in others)
         )
 
 
@@ -250,13 +292,13 @@ def write_rows(rows: Sequence[BatchRow], out: str | Path, meta: dict) -> Path:
     (out / "results.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
     (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
     lines = [
-        "| B | method | tok/s | x ar | predicted tok/s | budget | probe steps | MAT | p50 latency s | exact | RSS MB | KV MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| B | method | tok/s | x ar | passes s | predicted tok/s | budget | probe steps | MAT | p50 latency s | exact | RSS MB | KV MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         pred = f"{r.predicted_tokens_per_s:.2f}" if r.predicted_tokens_per_s else ""
         lines.append(
-            f"| {r.batch} | {r.method} | {r.tokens_per_s:.2f} | {r.ratio_vs_ar or 0:.2f} | {pred} | {r.budget if r.budget is not None else ''} | {r.probe_steps} | "
+            f"| {r.batch} | {r.method} | {r.tokens_per_s:.2f} | {r.ratio_vs_ar or 0:.3f} | {', '.join(f'{x:.1f}' for x in r.passes_s)} | {pred} | {r.budget if r.budget is not None else ''} | {r.probe_steps} | "
             f"{r.mat:.2f} | {r.latency_p50_s:.1f} | {r.exact} | {r.rss_mb:.0f} | {r.kv_mb:.0f} |"
         )
     (out / "report.md").write_text("\n".join(lines) + "\n")
