@@ -420,6 +420,28 @@ def test_realized_throughput_overrules_the_prediction():
         assert (None if steps == 30 else steps) == stopped_after
 
 
+def test_a_veto_at_batch_size_one_ends_with_its_request():
+    """At batch size 1 a veto belongs to the request it was measured on: when that request
+    leaves, the next one drafts as ``generate`` would; another request leaving does not lift it,
+    and at ``B > 1`` release lifts nothing (the veto runs its ``explore`` steps)."""
+    costs = CostTable("m", "cpu", {1: {1: 0.30, 9: 0.50}, 2: {1: 0.33, 9: 0.70}})
+    policy = AdaptiveBudget(costs, Acceptance(prior=[0.9] * 8, prior_weight=1e9), budgets=(8,), explore=100, warmup=0)
+    for b, plain_s in ((1, 0.30), (2, 0.33)):
+        policy.observe_forward(b, 1, plain_s)
+        policy.observe_step(b, False, b, plain_s)
+    for keys in (["a"], ["b", "c"]):
+        assert policy.plan(len(keys), [8] * len(keys), keys=keys).cap == 8
+        for _ in range(GUARD_STEPS):
+            policy.observe_step(len(keys), True, 1, 1.0)  # 1 token/s: far below plain
+        assert policy.plan(len(keys), [8] * len(keys), keys=keys).cap == 0
+    policy.release("z")
+    assert policy.plan(1, [8], keys=["a"]).cap == 0, "another request leaving lifts nothing"
+    for key in ("a", "b", "c"):
+        policy.release(key)
+    assert policy.plan(1, [8], keys=["d"]).cap == 8, "the next request alone drafts afresh"
+    assert policy.plan(2, [8, 8], keys=["d", "e"]).cap == 0, "B = 2's veto runs its course"
+
+
 def test_the_engine_reports_each_step_realized():
     """``observe_step`` gets every batched step: the tokens it emitted (all of them, over the
     run), whether a sequence drafted, and seconds that leave out catch-up prefills."""
@@ -444,6 +466,10 @@ def test_the_engine_reports_each_step_realized():
     assert {d for _, d, _, _ in policy.steps} == {True, False}
     assert all(1 <= b <= 3 and s >= 0 for b, _, _, s in policy.steps)
     assert all(t <= b for b, d, t, _ in policy.steps if not d), "a plain step emits at most one token a sequence"
+    by_batch = {b: [sum(t for bb, _, t, _ in policy.steps if bb == b), sum(x for bb, _, _, x in policy.steps if bb == b)] for b, *_ in policy.steps}
+    assert batch.stats.decode_by_batch.keys() == by_batch.keys()
+    for b, (tokens, seconds) in by_batch.items():  # the stats keep the same tokens and seconds per batch size
+        assert batch.stats.decode_by_batch[b] == [tokens, pytest.approx(seconds)]
 
 
 def test_catch_up_that_cannot_pay_back_is_skipped():
@@ -567,6 +593,7 @@ def test_profile_and_bench_serve_cli(tmp_path, monkeypatch, capsys, tiny_model_d
     rows = {(r := json.loads(line))["method"]: r for line in (tmp_path / "rounds" / "results.jsonl").read_text().splitlines()}
     assert list(rows) == ["ar", "pld", "hf"], "rounds bracket each other: no ar-end"
     assert all(len(r["passes_s"]) == 3 and r["wall_s"] == pytest.approx(sum(r["passes_s"])) and r["tokens"] == 3 * 6 * 3 for r in rows.values())
+    assert rows["hf"]["decode_tokens_per_s"] is None and all(rows[m]["decode_tokens_per_s"] > 0 for m in ("ar", "pld"))
     assert rows["pld"]["exact"] and rows["pld"]["ratio_vs_ar"] == pytest.approx(rows["ar"]["wall_s"] / rows["pld"]["wall_s"])
     order = [line.split()[3] for line in err.splitlines() if " round " in line]
     assert order == ["ar", "pld", "hf", "hf", "pld", "ar", "ar", "pld", "hf"], "the order alternates every round"

@@ -517,9 +517,12 @@ class AdaptiveBudget:
         self._choice: dict[int, int] = {}
         self._since: dict[int, int] = {}
         self._idle: dict[int, int] = {}
-        # batch size -> what its steps produced; batch size -> plain steps left of a veto
+        # batch size -> what its steps produced; batch size -> plain steps left of a veto; the
+        # request in flight at batch size 1 (last plan), and the one a veto there was measured on
         self.realized: dict[int, Realized] = {}
         self.vetoed: dict[int, int] = {}
+        self._alone: str | None = None
+        self._vetoed_alone: str | None = None
 
     @classmethod
     def for_method(cls, costs: CostTable, method: str, **kwargs) -> "AdaptiveBudget":
@@ -643,6 +646,8 @@ class AdaptiveBudget:
 
     def plan(self, batch_size: int, budgets: Sequence[int], keys: Sequence[str] | None = None) -> StepPlan:
         self._blind_catch_up = False
+        if batch_size == 1 and keys:
+            self._alone = keys[0]
         if self.vetoed.get(batch_size, 0) > 0:
             self.vetoed[batch_size] -= 1
             return StepPlan(cap=0)
@@ -687,11 +692,14 @@ class AdaptiveBudget:
         whose tokens a second, times ``1 + 1 / n``, fall short of plain steps' there (measured;
         predicted before any was), the batch decodes plainly for the next ``explore`` steps
         (for good when ``explore`` is 0), without probes. Then the prediction chooses again,
-        and drafting must build a fresh record before it can be stopped again. (Lifting the veto
-        when the sequences it was measured on have left, since acceptance belongs to the text,
-        was tried: draft-tree at ``B = 4`` then drafted again at every turnover of its 32-token
-        requests and lost 13%, while pld at ``B = 1`` gained nothing measurable;
-        ``benchmarks/RESULTS.md``, issue 12.) The prediction decides where the steps have not
+        and drafting must build a fresh record before it can be stopped again. At batch size 1
+        the veto also ends when the request it was measured on leaves (:meth:`release`): a batch
+        of one is a single sequence, whose drafts' worth belongs to its own text (a writing
+        prompt's failed copies say nothing of the next prompt's code), and the next request
+        starts as ``generate`` would. At ``B > 1`` it does not: lifting it there once the
+        sequences it was measured on had left let draft-tree at ``B = 4`` draft again at every
+        turnover of its 32-token requests and lose 13% (``benchmarks/RESULTS.md``, issue 12).
+        The prediction decides where the steps have not
         spoken; where they have, they win. The slack ``1 / n`` shrinks as steps come in: one
         step's tokens vary from 1 to the tree's depth, so a small sample must show a large
         loss, and a large loss costs only a few steps (at ``B = 4`` on the Zen 3 a draft-tree
@@ -717,6 +725,8 @@ class AdaptiveBudget:
         if drafting is not None and drafting * (1 + 1 / n) < plain:
             self.vetoed[batch_size] = self.explore or 2**62
             record.forget_drafting()
+            if batch_size == 1:
+                self._vetoed_alone = self._alone
 
     def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float, key: str | None = None) -> None:
         if budget == 0:
@@ -730,7 +740,21 @@ class AdaptiveBudget:
         self.draft_s[batch_size] = _ema(self.draft_s.get(batch_size), draft_s, 0.1)
 
     def release(self, key: str) -> None:
+        """``key`` has left: its acceptance record goes, and a veto at batch size 1 measured on
+        it ends (:meth:`observe_step`).
+
+        >>> p = AdaptiveBudget(CostTable("m", "cpu", {1: {1: 0.3, 9: 0.6}}), Acceptance(prior=[0.9] * 8, prior_weight=1e9))
+        >>> p.observe_forward(1, 1, 0.3); p.observe_step(1, False, 1, 0.3)   # a plain step measured
+        >>> _ = p.plan(1, [8], keys=["a"]); p.observe_step(1, True, 1, 1.0); p.observe_step(1, True, 1, 1.0)
+        >>> p.plan(1, [8], keys=["a"]).cap   # vetoed: 1 token/s drafting against 3.3 plain
+        0
+        >>> p.release("a"); p.plan(1, [8], keys=["b"]).cap   # the next request starts afresh
+        8
+        """
         self._sequences.pop(key, None)
+        if key == self._vetoed_alone:
+            self.vetoed.pop(1, None)
+            self._vetoed_alone = None
 
     def observe_forward(self, batch_size: int, rows: int, seconds: float) -> None:
         """A target forward's measured time, as a ratio to the table's (:meth:`target_cost`).

@@ -101,6 +101,9 @@ class BatchStepStats:
     requests_finished: int = 0
     budget_by_batch: dict[int, int] = field(default_factory=dict)
     """The budget last used at each batch size."""
+    decode_by_batch: dict[int, list[float]] = field(default_factory=dict)
+    """Batch size -> ``[tokens, seconds]`` of the steps run with that many sequences, admissions
+    and draft-model catch-ups left out: the work a budget policy's predicted tokens/s covers."""
 
     @property
     def mean_batch(self) -> float:
@@ -185,10 +188,11 @@ class BatchEngine:
             self.stats.budget_by_batch[len(seqs)] = plan.cap if plan.cap is not None else max(s.config.budget for s in seqs)
             t_run = time.perf_counter()
             emitted = self._run_step(seqs, plan)
-            catch_up_s = sum(s.last_catch_up[1] for s in seqs)
-            self.policy.observe_step(
-                len(seqs), any(s.last_budget > 0 for s in seqs), sum(map(len, emitted)), time.perf_counter() - t_run - catch_up_s
-            )
+            run_s = time.perf_counter() - t_run - sum(s.last_catch_up[1] for s in seqs)
+            self.policy.observe_step(len(seqs), any(s.last_budget > 0 for s in seqs), sum(map(len, emitted)), run_s)
+            decode = self.stats.decode_by_batch.setdefault(len(seqs), [0, 0.0])
+            decode[0] += sum(map(len, emitted))
+            decode[1] += run_s
             self.stats.steps += 1
             self.stats.sequence_steps += len(seqs)
             forwards = {id(s.last_forward): s.last_forward for s in seqs if s.last_forward is not None}

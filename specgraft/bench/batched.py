@@ -4,7 +4,8 @@ For each batch size ``B`` and method, every prompt of the suite (first turns) is
 at most ``B`` in flight (continuous batching: a finished request's place goes to the next
 prompt), all submitted at once; the row records tokens/s over the whole set, per-request
 latency (submit to last token: queueing included, as a server's client sees it), the budget the
-:class:`~specgraft.batch.AdaptiveBudget` used at ``B`` and its predicted tokens/s, memory (RSS,
+:class:`~specgraft.batch.AdaptiveBudget` used at ``B`` and its predicted tokens/s beside the
+tokens/s of the steps run with ``B`` in flight (no prefills: what the prediction covers), memory (RSS,
 the KV caches' bytes), and whether every output equals single-sequence ``ar`` token for token.
 ``hf`` is Hugging Face ``generate`` on left-padded batches of ``B`` prompts (greedy, the same
 lengths), the peer a user would reach for; its outputs are compared too (padding changes
@@ -78,6 +79,10 @@ class BatchRow:
     and exploration)."""
     passes_s: list[float] = field(default_factory=list)
     """Wall time of each pass the row sums (one per round), in the order run."""
+    decode_tokens_per_s: float | None = None
+    """Tokens/s of the steps run with exactly ``batch`` sequences in flight, admissions (prefills)
+    and catch-ups left out: what ``predicted_tokens_per_s`` predicts (``tokens_per_s`` includes
+    every prefill, most of a 32-token request's time)."""
 
 
 def rss_mb() -> float:
@@ -110,6 +115,8 @@ class BatchedRun:
     stats: list[GenerationStats]
     budget_by_batch: dict[int, int]
     probe_steps: int = 0
+    decode_by_batch: dict[int, list[float]] = field(default_factory=dict)
+    """``BatchStepStats.decode_by_batch`` of the run."""
 
 
 def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, policy) -> BatchedRun:
@@ -130,7 +137,7 @@ def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, p
             stats.append(ev.stats)
     return BatchedRun(
         [results[i] for i in ids], [latency[i] for i in ids], time.perf_counter() - t0, stats, dict(batch.stats.budget_by_batch),
-        batch.stats.probe_steps,
+        batch.stats.probe_steps, dict(batch.stats.decode_by_batch),
     )
 
 
@@ -225,6 +232,8 @@ def _method_row(
     proposed = sum((s.proposed_by_source for s in stats), Counter())
     accepted = sum((s.accepted_by_source for s in stats), Counter())
     used = runs[-1].budget_by_batch.get(batch)
+    decoded = [run.decode_by_batch[batch] for run in runs if batch in run.decode_by_batch]
+    decode_s = sum(d[1] for d in decoded)
     return BatchRow(
         method=name, batch=batch, prompts=len(reference), tokens=total, wall_s=wall, tokens_per_s=total / wall,
         latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=total / steps if steps else 0.0,
@@ -233,7 +242,7 @@ def _method_row(
         rss_mb=rss_mb(), kv_mb=kv_mb(dec.target, *(getattr(d, "lm", None) for d in dec.engine.drafters)),
         acceptance_by_source={k: accepted[k] / v for k, v in proposed.items() if v},
         commit_share=sum(s.commit_s for s in stats) / wall, probe_steps=sum(run.probe_steps for run in runs),
-        passes_s=[run.wall_s for run in runs],
+        passes_s=[run.wall_s for run in runs], decode_tokens_per_s=sum(d[0] for d in decoded) / decode_s if decode_s > 0 else None,
     )
 
 
@@ -278,6 +287,8 @@ def _predicted(costs: CostTable | None, policy: AdaptiveBudget | None, batch: in
 
 def _line(r: BatchRow) -> str:
     pred = f", predicted {r.predicted_tokens_per_s:.2f}" if r.predicted_tokens_per_s else ""
+    if r.decode_tokens_per_s:
+        pred += f" (decoding at B={r.batch}: {r.decode_tokens_per_s:.2f})"
     return (
         f"B={r.batch} {r.method:<12} {r.tokens_per_s:6.2f} tok/s ({r.ratio_vs_ar or 0:.2f}x ar){pred}, budget {r.budget}, "
         f"MAT {r.mat:.2f}, p50 latency {r.latency_p50_s:.1f} s, exact {r.exact}, RSS {r.rss_mb:.0f} MB, KV {r.kv_mb:.0f} MB, "
@@ -292,13 +303,13 @@ def write_rows(rows: Sequence[BatchRow], out: str | Path, meta: dict) -> Path:
     (out / "results.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
     (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
     lines = [
-        "| B | method | tok/s | x ar | passes s | predicted tok/s | budget | probe steps | MAT | p50 latency s | exact | RSS MB | KV MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| B | method | tok/s | x ar | passes s | predicted tok/s | decode tok/s at B | budget | probe steps | MAT | p50 latency s | exact | RSS MB | KV MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         pred = f"{r.predicted_tokens_per_s:.2f}" if r.predicted_tokens_per_s else ""
         lines.append(
-            f"| {r.batch} | {r.method} | {r.tokens_per_s:.2f} | {r.ratio_vs_ar or 0:.3f} | {', '.join(f'{x:.1f}' for x in r.passes_s)} | {pred} | {r.budget if r.budget is not None else ''} | {r.probe_steps} | "
+            f"| {r.batch} | {r.method} | {r.tokens_per_s:.2f} | {r.ratio_vs_ar or 0:.3f} | {', '.join(f'{x:.1f}' for x in r.passes_s)} | {pred} | {f'{r.decode_tokens_per_s:.2f}' if r.decode_tokens_per_s else ''} | {r.budget if r.budget is not None else ''} | {r.probe_steps} | "
             f"{r.mat:.2f} | {r.latency_p50_s:.1f} | {r.exact} | {r.rss_mb:.0f} | {r.kv_mb:.0f} |"
         )
     (out / "report.md").write_text("\n".join(lines) + "\n")
