@@ -221,29 +221,28 @@ def _method_row(
     total = sum(len(o) for run in runs for o in run.outputs)
     wall = sum(run.wall_s for run in runs)
     lat = [x for run in runs for x in run.latencies_s]
-    stats = [s for run in runs for s in run.stats]
+    row = BatchRow(
+        method=name, batch=batch, prompts=len(reference), tokens=total, wall_s=wall, tokens_per_s=total / wall,
+        latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=1.0, exact=all(run.outputs == reference for run in runs),
+        rss_mb=rss_mb(), passes_s=[run.wall_s for run in runs],
+    )
     if name == "hf":  # the peer: outputs compared, no stats of ours
-        return BatchRow(
-            method=name, batch=batch, prompts=len(reference), tokens=total, wall_s=wall, tokens_per_s=total / wall,
-            latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=1.0,
-            exact=all(run.outputs == reference for run in runs), rss_mb=rss_mb(), passes_s=[run.wall_s for run in runs],
-        )
+        return row
+    stats = [s for run in runs for s in run.stats]
     steps = sum(s.steps for s in stats)
     proposed = sum((s.proposed_by_source for s in stats), Counter())
     accepted = sum((s.accepted_by_source for s in stats), Counter())
-    used = runs[-1].budget_by_batch.get(batch)
+    row.budget = 0 if name in ("ar", "ar-end") else runs[-1].budget_by_batch.get(batch)
+    row.predicted_tokens_per_s = _predicted(costs, policy, batch, row.budget)
     decoded = [run.decode_by_batch[batch] for run in runs if batch in run.decode_by_batch]
     decode_s = sum(d[1] for d in decoded)
-    return BatchRow(
-        method=name, batch=batch, prompts=len(reference), tokens=total, wall_s=wall, tokens_per_s=total / wall,
-        latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=total / steps if steps else 0.0,
-        exact=all(run.outputs == reference for run in runs), budget=0 if name in ("ar", "ar-end") else used,
-        predicted_tokens_per_s=_predicted(costs, policy, batch, used),
-        rss_mb=rss_mb(), kv_mb=kv_mb(dec.target, *(getattr(d, "lm", None) for d in dec.engine.drafters)),
-        acceptance_by_source={k: accepted[k] / v for k, v in proposed.items() if v},
-        commit_share=sum(s.commit_s for s in stats) / wall, probe_steps=sum(run.probe_steps for run in runs),
-        passes_s=[run.wall_s for run in runs], decode_tokens_per_s=sum(d[0] for d in decoded) / decode_s if decode_s > 0 else None,
-    )
+    row.decode_tokens_per_s = sum(d[0] for d in decoded) / decode_s if decode_s > 0 else None
+    row.mat = total / steps if steps else 0.0
+    row.kv_mb = kv_mb(dec.target, *(getattr(d, "lm", None) for d in dec.engine.drafters))
+    row.acceptance_by_source = {k: accepted[k] / v for k, v in proposed.items() if v}
+    row.commit_share = sum(s.commit_s for s in stats) / wall
+    row.probe_steps = sum(run.probe_steps for run in runs)
+    return row
 
 
 def _ratios(rows: list[BatchRow], log: Callable[[str], None]) -> None:
