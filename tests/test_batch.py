@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -599,5 +600,22 @@ def test_profile_and_bench_serve_cli(tmp_path, monkeypatch, capsys, tiny_model_d
     assert order == ["ar", "pld", "hf", "hf", "pld", "ar", "ar", "pld", "hf"], "the order alternates every round"
     assert "pld: " in err and "over 3 alternating rounds" in err
     assert json.loads((tmp_path / "rounds" / "run.json").read_text())["rounds"] == 3
+    from specgraft.drafters.recycling import SuccessorMatrix
+    from transformers import AutoConfig
+
+    state = tmp_path / "state.npz"
+    matrix = SuccessorMatrix(AutoConfig.from_pretrained(tiny_model_dir).vocab_size)
+    matrix.update_rows([5, 6], np.array([[6] * matrix.k, [7] * matrix.k]))
+    matrix.save(state)
+    common = ["bench-serve", "--model", tiny_model_dir, "--methods", "recycling", "--batch-sizes", "1", "--suite", str(suite),
+              "--max-new-tokens", "4", "--threads", "1", "--no-hf", "--no-bracket"]
+    code, _, err = run_cli(monkeypatch, capsys, *common, "--recycling-state", str(state), "--out", str(tmp_path / "warm"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "warm" / "run.json").read_text())["recycling_state"] == str(state)
+    code, _, err = run_cli(monkeypatch, capsys, *common, "--recycling-state", str(tmp_path / "missing.npz"), "--out", str(tmp_path / "x"))
+    assert code == 2 and "does not exist" in err
+    SuccessorMatrix(matrix.vocab_size + 1).save(other := tmp_path / "other.npz")
+    code, _, err = run_cli(monkeypatch, capsys, *common, "--recycling-state", str(other), "--out", str(tmp_path / "y"))
+    assert code != 0 and "vocabulary" in err, "the state is loaded: another vocabulary's is refused"
     code, _, err = run_cli(monkeypatch, capsys, "profile", "--model", tiny_model_dir, "--batch-sizes", "0")
     assert code == 2 and "--batch-sizes must be integers >= 1" in err

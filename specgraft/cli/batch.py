@@ -9,6 +9,7 @@ Examples (2-core CPU; minutes)::
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -76,6 +77,9 @@ def bench_serve(
         help="Cost table JSON (default: the measured or shipped one for the model): each batch size's budget, and each method's default budget.",
     ),
     draft_quant: str = typer.Option("auto", "--draft-quant", help="Numerics of the draft model only: auto, int8, bf16, fp16 or none."),
+    recycling_state: Optional[str] = typer.Option(
+        None, "--recycling-state", help="Successor matrix .npz from `specgraft warmup` for recycling (default: an empty one per request).",
+    ),
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also run Hugging Face generate on padded batches."),
     bracket: bool = typer.Option(
         True, "--bracket/--no-bracket", help="Run ar again after the methods at each batch size (ar-end); ratios against the mean of both passes.",
@@ -107,10 +111,13 @@ def bench_serve(
         spec = get_method(name)
         if spec.needs_draft_model and not draft_model:
             raise ValueError(f"method {name} needs --draft-model")
+    if recycling_state and not Path(recycling_state).is_file():
+        raise ValueError(f"recycling state {recycling_state!r} does not exist")
     set_threads(threads)
     graft = GraftOptions(draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant) if draft_model else GraftOptions()
     # the same table gives each method's default budget (methods/device_budget.py) and each batch size's
-    options = MethodOptions(graft=graft, cost_table=cost_table_value(cost_table or "auto"))  # a bad path fails here
+    # a bad cost table path fails here
+    options = MethodOptions(graft=graft, cost_table=cost_table_value(cost_table or "auto"), recycling_state=recycling_state)
     ar = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device, options=options)
     decoders = {"ar": ar} | {n: ar.with_method(n) for n in names[1:]}
     path = ar.options.cost_table
@@ -131,6 +138,6 @@ def bench_serve(
         "model": model, "draft_model": draft_model, "methods": names, "batch_sizes": sizes, "suite": suite, "prompts": len(prompts),
         "max_new_tokens": max_new_tokens, "cost_table": str(path) if path else None, "threads": torch.get_num_threads(),
         "device": str(ar.target.device), "dtype": str(ar.target.dtype).replace("torch.", ""), "draft_quant": draft_quant if draft_model else None,
-        "bracket": bracket and rounds == 1, "rounds": rounds,
+        "bracket": bracket and rounds == 1, "rounds": rounds, "recycling_state": recycling_state,
     }
     typer.echo(write_rows(rows, out, meta).read_text())
