@@ -189,9 +189,10 @@ class BatchEngine:
             t_run = time.perf_counter()
             emitted = self._run_step(seqs, plan)
             run_s = time.perf_counter() - t_run - sum(s.last_catch_up[1] for s in seqs)
-            self.policy.observe_step(len(seqs), any(s.last_budget > 0 for s in seqs), sum(map(len, emitted)), run_s)
+            n_emitted = sum(map(len, emitted))
+            self.policy.observe_step(len(seqs), any(s.last_budget > 0 for s in seqs), n_emitted, run_s)
             decode = self.stats.decode_by_batch.setdefault(len(seqs), [0, 0.0])
-            decode[0] += sum(map(len, emitted))
+            decode[0] += n_emitted
             decode[1] += run_s
             self.stats.steps += 1
             self.stats.sequence_steps += len(seqs)

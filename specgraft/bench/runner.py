@@ -196,8 +196,6 @@ class BenchConfig:
         self.resolved_draft_quant  # int8 off the CPU is an error
         if self.learning not in LEARNING:
             raise ValueError(f"learning must be one of {', '.join(LEARNING)}, got {self.learning!r}")
-        if self.recycling_state is not None and not Path(self.recycling_state).is_file():
-            raise ValueError(f"recycling state {self.recycling_state!r} does not exist")
         for method, budget in self.budgets.items():
             if method in GRAFT_METHODS:
                 check_calibration_budget(method, self.method_options().graft, budget)

@@ -9,7 +9,6 @@ Examples (2-core CPU; minutes)::
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -111,12 +110,10 @@ def bench_serve(
         spec = get_method(name)
         if spec.needs_draft_model and not draft_model:
             raise ValueError(f"method {name} needs --draft-model")
-    if recycling_state and not Path(recycling_state).is_file():
-        raise ValueError(f"recycling state {recycling_state!r} does not exist")
     set_threads(threads)
     graft = GraftOptions(draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant) if draft_model else GraftOptions()
     # the same table gives each method's default budget (methods/device_budget.py) and each batch size's
-    # a bad cost table path fails here
+    # a bad cost table or recycling state path fails here
     options = MethodOptions(graft=graft, cost_table=cost_table_value(cost_table or "auto"), recycling_state=recycling_state)
     ar = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device, options=options)
     decoders = {"ar": ar} | {n: ar.with_method(n) for n in names[1:]}

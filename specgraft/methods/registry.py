@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import specgraft.methods.model_free as model_free
@@ -155,6 +156,8 @@ class MethodOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "datastores", tuple(str(p) for p in self.datastores))
+        if self.recycling_state is not None and not Path(self.recycling_state).is_file():
+            raise ValueError(f"recycling state {self.recycling_state!r} does not exist")
         if self.row_cost is not None and not self.row_cost >= 0.0:
             raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
         if self.learning not in LEARNING:
@@ -263,7 +266,6 @@ def derived_budget(name: str, options: MethodOptions):
     spec = get_method(name)
     if options.cost_table in (None, "auto") or name in READER_METHODS:
         return None
-    from pathlib import Path
 
     from specgraft.batch.budget import CostTable
     from specgraft.methods.device_budget import derive_budget, gains_meta
