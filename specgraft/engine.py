@@ -91,6 +91,10 @@ class SequenceState:
     """The target forward of the last step (shared by the sequences in it)."""
     last_catch_up: tuple[int, float] = (0, 0.0)
     """Tokens and seconds of the last step's drafter catch-up prefill (``(0, 0.0)``: none)."""
+    optional_prefill: tuple[int, float] = (0, 0.0)
+    """Prompt tokens and seconds of the optional prefill work this sequence's start paid for
+    (Token Recycling's top-k of every prompt token: :attr:`SpecEngine.optional_prefill`);
+    ``(0, 0.0)`` when it started without it, or its drafters have none."""
     primed: bool = True
     """The drafters have what a speculative start gives them (the prompt's prefill outputs
     they asked for) or have drafted since; False for a sequence started with
@@ -128,6 +132,28 @@ class SpecEngine:
         """Wall time after the device's queued work (a GPU timer must not read launch times)."""
         synchronize(self.target.device)
         return time.perf_counter()
+
+    def _prefill_requests(self) -> tuple[PrefillRequest, PrefillRequest]:
+        """What the drafters want from a prompt's prefill: what they need, and what they marked
+        ``prefill_optional`` (work a sequence expected to decode plainly skips)."""
+        required, optional = PrefillRequest(), PrefillRequest()
+        for d in self.drafters:
+            if getattr(d, "prefill_optional", False):
+                optional = optional.union(d.prefill_request())
+            else:
+                required = required.union(d.prefill_request())
+        return required, optional
+
+    @property
+    def optional_prefill(self) -> bool:
+        """Whether a speculative start costs more than a plain one: some drafter's optional
+        prefill work asks for the prompt's top-k successors (the whole prompt's logits, 25-40%
+        of a 1.5B prefill on a 2-core CPU) that no other drafter needs anyway. A batch weighs
+        that work against what the request can gain from drafting
+        (``BudgetPolicy.prefill_pays``); :attr:`SequenceState.optional_prefill` times it.
+        """
+        required, optional = self._prefill_requests()
+        return optional.topk > required.topk
 
     # -- a sequence's life ---------------------------------------------------------------------
 
@@ -176,11 +202,11 @@ class SpecEngine:
         self.last_stats = seq.stats
         try:
             self.target.reserve(min(len(prompt) + config.max_new_tokens + config.budget + 1, self.target.max_positions))
-            request = PrefillRequest()
-            for d in self.drafters:
-                if speculative or not getattr(d, "prefill_optional", False):
-                    request = request.union(d.prefill_request())
+            required, optional = self._prefill_requests()
+            request = required.union(optional) if speculative else required
             prefill = self.target.prefill(seq.slot, list(prompt[:-1]), request)
+            if speculative and self.optional_prefill:
+                seq.optional_prefill = (len(prompt) - 1, prefill.topk_s)
             for d in self.drafters:
                 seq.drafter_states.append(d.begin(prompt, prefill, config))
         except BaseException:

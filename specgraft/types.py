@@ -232,6 +232,9 @@ class PrefillOutput:
     topk_probs: torch.Tensor | None = None
     # [T, H] final-layer hidden states (after the final norm), or None
     final_hidden: torch.Tensor | None = None
+    # seconds spent on ``topk`` (the whole prompt's logits and their top-k), beyond the cache
+    # fill itself: what a drafter marked ``prefill_optional`` costs a sequence at its start
+    topk_s: float = 0.0
 
 
 @dataclass

@@ -172,6 +172,61 @@ def test_a_plainly_decoding_batch_does_no_drafting_work(monkeypatch):
         assert batch.stats.tokens == batch.stats.sequence_steps
 
 
+def test_optional_prefill_is_weighed_at_admission(monkeypatch):
+    """A request expected to draft pays Token Recycling's prompt top-k only if the policy says
+    its remaining tokens repay it (``prefill_pays``, asked with the prompt's prefilled tokens
+    and ``max_new_tokens``); the work it paid is timed and reported, a refused one is counted
+    in ``plain_starts``; the output is ``ar``'s either way. Methods whose prefill has no
+    optional cost are never asked."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    ar = build(target, "ar", None)
+    requests = [(p, GenerationConfig(max_new_tokens=12, budget=8)) for p, _ in make_prompts(n=5, vocab=model.config.vocab_size)]
+    expected = {str(i): ar.generate_ids(p, c) for i, (p, c) in enumerate(requests)}
+    requested: list[PrefillRequest] = []
+    target_prefill = target.prefill
+    monkeypatch.setattr(target, "prefill", lambda slot, tokens, request=PrefillRequest(): requested.append(request) or target_prefill(slot, tokens, request))
+
+    class EveryOther(FixedBudget):
+        def __init__(self):
+            self.asked, self.observed = [], []
+
+        def prefill_pays(self, batch_size, budget, tokens, remaining):
+            self.asked.append((tokens, remaining))
+            return len(self.asked) % 2 == 1
+
+        def observe_optional_prefill(self, tokens, seconds):
+            self.observed.append((tokens, seconds))
+
+    for method, optional in (("recycling", True), ("pld", False), ("draft-tree", False)):
+        engine = build(target, method, perturbed(model))
+        assert engine.optional_prefill is optional
+        requested.clear()
+        policy = EveryOther()
+        batch = BatchEngine(engine, max_batch=2, policy=policy)
+        assert run_schedule(batch, requests, random.Random(1)) == expected, method
+        if not optional:
+            assert policy.asked == [] and policy.observed == [] and batch.stats.plain_starts == 0
+            continue
+        assert sorted(policy.asked) == sorted((len(p) - 1, 12) for p, _ in requests)
+        paid = [r.topk > 0 for r in requested]
+        assert paid == [i % 2 == 0 for i in range(len(requests))]
+        # each paid start reports its own prompt's prefilled tokens, and a time
+        assert [t for t, _ in policy.observed] == [t for t, _ in policy.asked[::2]]
+        assert all(s > 0 for _, s in policy.observed)
+        assert batch.stats.plain_starts == len(requests) - sum(paid)
+    # a real policy measures the work from the first start on and weighs the rest with it
+    costs = CostTable("m", "cpu", {1: {1: 1e-3, 9: 1.2e-3}, 2: {1: 1.5e-3, 9: 2e-3}})
+    policy = AdaptiveBudget(costs, Acceptance(prior=[0.9] * 8, prior_weight=1e9), budgets=(8,))
+    asked = []
+    weigh = policy.prefill_pays
+    monkeypatch.setattr(policy, "prefill_pays", lambda *a: asked.append(policy.optional_per_token) or weigh(*a))
+    batch = BatchEngine(build(target, "recycling", None), max_batch=2, policy=policy)
+    assert run_schedule(batch, requests, random.Random(1)) == expected
+    assert asked[0] is None and policy.optional_per_token is not None and policy.optional_per_token > 0
+    assert all(a is not None for a in asked[1:])
+
+
 @pytest.mark.parametrize("method", ["draft-tree", "graft"])  # draft-model methods: a catch-up to refuse
 def test_a_mixed_step_split_in_two_forwards_emits_what_the_padded_one_does(method):
     model = TINY_MODELS["llama"]()

@@ -138,6 +138,15 @@ class BudgetPolicy(Protocol):
         forwards and verification (admissions and catch-ups left out); ``drafted`` when any of
         its sequences drafted."""
 
+    def observe_optional_prefill(self, tokens: int, seconds: float) -> None:
+        """A sequence started speculatively paid ``seconds`` for its drafters' optional prefill
+        work over its ``tokens`` prompt tokens (Token Recycling's prompt top-k)."""
+
+    def prefill_pays(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
+        """Whether a sequence joining a batch of ``batch_size`` that is expected to draft
+        (:meth:`speculating`) should pay its drafters' optional prefill work over ``tokens``
+        prompt tokens, with ``remaining`` tokens to generate; if not it starts plainly."""
+
     def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
         """Whether a sequence with ``remaining`` tokens to generate should draft at ``budget``
         although its drafters must first prefill ``tokens`` they have not cached."""
@@ -171,6 +180,12 @@ class FixedBudget:
 
     def observe_step(self, batch_size: int, drafted: bool, tokens: int, seconds: float) -> None:
         pass
+
+    def observe_optional_prefill(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def prefill_pays(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
+        return True
 
     def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
         return True
@@ -398,32 +413,51 @@ class Realized:
     draft model's early stops and prompts that accept less than the gains it was measured on).
     :class:`AdaptiveBudget` lets these records overrule it (:meth:`AdaptiveBudget.observe_step`).
 
+    The guard's drafting record starts afresh after a veto (:meth:`forget_drafting`); a second,
+    *lasting* record of the same steps does not, and says what drafting has produced here
+    lately whatever the guard decided (:meth:`AdaptiveBudget.prefill_pays` weighs with it).
+
     >>> r = Realized()
     >>> for _ in range(6): r.add(True, 3, 1.0)
     >>> r.add(False, 2, 0.33)
     >>> round(r.rate(True), 2), round(r.rate(False), 2), r.steps[True]
     (3.0, 6.06, 6)
+    >>> r.forget_drafting(); r.rate(True), round(r.rate(True, lasting=True), 2), r.lasting_steps
+    (None, 3.0, 6)
     """
 
     tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
     seconds: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
     steps: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    # the drafting steps again, never forgotten: [tokens, seconds] (EMA) and their count
+    lasting: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    lasting_steps: int = 0
 
     def add(self, drafted: bool, tokens: int, seconds: float) -> None:
         w = REALIZED_EMA if self.steps[drafted] else 1.0
         self.tokens[drafted] = _ema(self.tokens[drafted], tokens, w)
         self.seconds[drafted] = _ema(self.seconds[drafted], seconds, w)
         self.steps[drafted] += 1
+        if drafted:
+            w = REALIZED_EMA if self.lasting_steps else 1.0
+            self.lasting = [_ema(self.lasting[0], tokens, w), _ema(self.lasting[1], seconds, w)]
+            self.lasting_steps += 1
 
     def forget_drafting(self) -> None:
-        """Drop the drafting record (the plain one stays): drafting starts a fresh one."""
+        """Drop the guard's drafting record (the plain one and the lasting one stay): drafting
+        starts a fresh one."""
         self.tokens[True], self.seconds[True], self.steps[True] = 0.0, 0.0, 0
 
-    def rate(self, drafted: bool) -> float | None:
-        """Realized tokens/s of drafting (True) or plain (False) steps; None before any."""
-        if not self.steps[drafted] or self.seconds[drafted] <= 0:
+    def rate(self, drafted: bool, lasting: bool = False) -> float | None:
+        """Realized tokens/s of drafting (True) or plain (False) steps; None before any.
+        ``lasting``: drafting's lasting record (plain steps have only one)."""
+        if lasting and drafted:
+            tokens, seconds, steps = self.lasting[0], self.lasting[1], self.lasting_steps
+        else:
+            tokens, seconds, steps = self.tokens[drafted], self.seconds[drafted], self.steps[drafted]
+        if not steps or seconds <= 0:
             return None
-        return self.tokens[drafted] / self.seconds[drafted]
+        return tokens / seconds
 
 
 class AdaptiveBudget:
@@ -511,6 +545,9 @@ class AdaptiveBudget:
         # and whether this step already let an unmeasured one through (reset by ``plan``)
         self.catch_up_per_token: float | None = None
         self._blind_catch_up = False
+        # seconds per prompt token of the drafters' optional prefill work (EMA; None until one
+        # speculative start is measured: ``prefill_pays``)
+        self.optional_per_token: float | None = None
         self._speculating: dict[int, int] = {}
         # request id -> [accepted nodes, accepted nodes the pooled estimate expected] over its drafting steps
         self._sequences: dict[str, list[float]] = {}
@@ -804,6 +841,54 @@ class AdaptiveBudget:
         step = self._step_cost(batch_size, budget)
         saving = remaining / batch_size * (self.target_cost(batch_size, 1) - step / self.acceptance.expected_tokens(budget))
         return saving > tokens * self.catch_up_per_token
+
+    def observe_optional_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0:
+            return
+        self.optional_per_token = _ema(self.optional_per_token, seconds / tokens, COST_EMA)
+
+    def prefill_pays(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
+        """Whether a sequence joining a batch of ``batch_size`` should start speculatively,
+        paying its drafters' optional prefill work over its ``tokens`` prompt tokens (Token
+        Recycling's top-k successors of every prompt token: the whole prompt's logits), or
+        start plainly and skip it (``SpecEngine.start(speculative=False)``).
+
+        The work costs ``tokens x`` the measured seconds per token
+        (:meth:`observe_optional_prefill`), the batch waiting. It can at most gain what drafting
+        gains over plain decoding for the ``remaining`` tokens, the sequence's share of the
+        batch's steps: ``remaining x (1 / plain - 1 / drafting)`` with ``plain`` and
+        ``drafting`` the batch's tokens/s at this batch size: measured where the steps have
+        spoken (plain steps', and drafting's lasting record once it holds
+        :data:`GUARD_STEPS` steps: :class:`Realized`), else predicted at the budget
+        :meth:`best` picks. Crediting the whole gain to the prompt's top-k overvalues it (a
+        sequence started plainly still drafts, from what its drafters learn as it decodes, or
+        from a warmed successor matrix), so a start is plain only when even that gain is too
+        small. Before any such work is measured it answers yes (that start measures it).
+
+        Why: on the Zen 3 (``benchmarks/RESULTS.md``, issue 12) ``recycling`` at ``B = 1``
+        decoded at ``ar``'s rate on 32-token requests (MAT 1.02-1.07) but paid each prompt's
+        top-k at its start, and came out 0.973-0.987x batched ``ar`` in four runs.
+
+        >>> p = AdaptiveBudget(CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}}), Acceptance(prior=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.2, 0.1]))
+        >>> p.prefill_pays(1, 8, 600, 32)   # nothing measured: this start measures it
+        True
+        >>> p.observe_optional_prefill(600, 1.2)   # 2 ms a prompt token
+        >>> # predicted: plain 3.33 tokens/s, drafting 4.1 / 0.5 = 8.2: 32 x (0.3 - 0.122) = 5.7 s > 1.2 s
+        >>> p.prefill_pays(1, 8, 600, 32), p.prefill_pays(1, 8, 600, 4)
+        (True, False)
+        >>> for _ in range(3): p.observe_step(1, False, 1, 0.3); p.observe_step(1, True, 1, 0.32)
+        >>> p.prefill_pays(1, 8, 600, 32)   # its drafting steps emitted 3.1 tokens/s against 3.3
+        False
+        """
+        if self.optional_per_token is None:
+            return True
+        record = self.realized.get(batch_size) or Realized()
+        k = self.best(batch_size, budget)
+        plain = record.rate(False) or self.predicted(batch_size, 0)
+        drafting = record.rate(True, lasting=True) if record.lasting_steps >= GUARD_STEPS else None
+        drafting = drafting or (self.predicted(batch_size, k) if k > 0 else plain)
+        saving = remaining * (1 / plain - 1 / drafting)
+        return saving > tokens * self.optional_per_token
 
     def split_pays(self, batch_size: int, drafting: int, budget: int) -> bool:
         """``T(B - d, 1) + T(d, 1 + k) < T(B, 1 + k)``: the plain sequences' forward plus the

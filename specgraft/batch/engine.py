@@ -7,7 +7,8 @@ sequences. Each :meth:`BatchEngine.step`:
 1. drops cancelled requests (their slots are freed now, at the step boundary);
 2. admits waiting requests while there is room: each is prefilled alone (its own forward) and
    then decodes with the others; one expected to decode plainly (the policy's
-   ``speculating``) skips its drafters' optional prefill work;
+   ``speculating``), or whose remaining tokens cannot repay its drafters' optional prefill
+   work (``prefill_pays``: Token Recycling's prompt top-k), skips that work;
 3. runs one speculative step for every running sequence with one target forward
    (``SpecEngine.step_batch``: trees padded to one shape, per-sequence positions and masks,
    a draft model drafting for all of them in one forward per layer), each tree capped by the
@@ -98,6 +99,9 @@ class BatchStepStats:
     step_s: float = 0.0
     """Time in steps (prefills of admitted requests included)."""
     requests_started: int = 0
+    plain_starts: int = 0
+    """Requests started without their drafters' optional prefill work although it has a cost
+    (expected to decode plainly, or too few tokens to repay it: ``BudgetPolicy.prefill_pays``)."""
     requests_finished: int = 0
     budget_by_batch: dict[int, int] = field(default_factory=dict)
     """The budget last used at each batch size."""
@@ -276,17 +280,32 @@ class BatchEngine:
             # the batch size it will decode in: a sequence expected to decode plainly starts
             # without its drafters' optional prefill work
             size = min(self.max_batch, len(self.running) + 1 + len(self._waiting))
-            budget = request.config.with_default_budget(self.engine.default_budget).budget
             try:
-                seq = self.engine.start(request.prompt, request.config, speculative=self.policy.speculating(size, budget))
+                seq = self.engine.start(request.prompt, request.config, speculative=self._speculative_start(request, size))
             except (ValueError, RuntimeError) as e:  # e.g. out of memory for the cache
                 events.append(BatchEvent(request.request_id, [], finished=True, finish_reason="error", error=str(e)))
                 continue
+            if seq.optional_prefill[0]:
+                self.policy.observe_optional_prefill(*seq.optional_prefill)
+            elif self.engine.optional_prefill:
+                self.stats.plain_starts += 1
             self.stats.requests_started += 1
             self.running[request.request_id] = seq
             if seq.done:  # max_new_tokens == 0
                 events.append(self._retire(request.request_id, []))
         return events
+
+    def _speculative_start(self, request: _Request, size: int) -> bool:
+        """Whether ``request``, joining a batch of ``size``, starts with its drafters' optional
+        prefill work: only if it is expected to draft there (``BudgetPolicy.speculating``) and,
+        when that work has a cost (``SpecEngine.optional_prefill``), the policy says its
+        remaining tokens can repay it (``BudgetPolicy.prefill_pays``)."""
+        budget = request.config.with_default_budget(self.engine.default_budget).budget
+        if not self.policy.speculating(size, budget):
+            return False
+        if not self.engine.optional_prefill:
+            return True
+        return self.policy.prefill_pays(size, budget, len(request.prompt) - 1, request.config.max_new_tokens)
 
     def _retire(self, request_id: str, tokens: list[int]) -> BatchEvent:
         seq = self.running.pop(request_id)

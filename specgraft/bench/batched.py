@@ -77,6 +77,9 @@ class BatchRow:
     probe_steps: int = 0
     """Steps in which one sequence drafted while the rest decoded plainly (the policy's warm-up
     and exploration)."""
+    plain_starts: int = 0
+    """Requests started without their drafters' optional prefill work although it has a cost
+    (Token Recycling's prompt top-k: ``BatchStepStats.plain_starts``), over every pass."""
     passes_s: list[float] = field(default_factory=list)
     """Wall time of each pass the row sums (one per round), in the order run."""
     decode_tokens_per_s: float | None = None
@@ -117,6 +120,7 @@ class BatchedRun:
     probe_steps: int = 0
     decode_by_batch: dict[int, list[float]] = field(default_factory=dict)
     """``BatchStepStats.decode_by_batch`` of the run."""
+    plain_starts: int = 0
 
 
 def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, policy) -> BatchedRun:
@@ -137,7 +141,7 @@ def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, p
             stats.append(ev.stats)
     return BatchedRun(
         [results[i] for i in ids], [latency[i] for i in ids], time.perf_counter() - t0, stats, dict(batch.stats.budget_by_batch),
-        batch.stats.probe_steps, dict(batch.stats.decode_by_batch),
+        batch.stats.probe_steps, dict(batch.stats.decode_by_batch), batch.stats.plain_starts,
     )
 
 
@@ -242,6 +246,7 @@ def _method_row(
     row.acceptance_by_source = {k: accepted[k] / v for k, v in proposed.items() if v}
     row.commit_share = sum(s.commit_s for s in stats) / wall
     row.probe_steps = sum(run.probe_steps for run in runs)
+    row.plain_starts = sum(run.plain_starts for run in runs)
     return row
 
 
@@ -292,6 +297,7 @@ def _line(r: BatchRow) -> str:
         f"B={r.batch} {r.method:<12} {r.tokens_per_s:6.2f} tok/s ({r.ratio_vs_ar or 0:.2f}x ar){pred}, budget {r.budget}, "
         f"MAT {r.mat:.2f}, p50 latency {r.latency_p50_s:.1f} s, exact {r.exact}, RSS {r.rss_mb:.0f} MB, KV {r.kv_mb:.0f} MB, "
         f"commit {100 * r.commit_share:.1f}%, probe steps {r.probe_steps}"
+        + (f", plain starts {r.plain_starts}" if r.plain_starts else "")
     )
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 from typing import Sequence
 
 import torch
@@ -260,6 +261,7 @@ class HFTarget:
         top_probs: list[torch.Tensor] = []
         hidden_parts: list[torch.Tensor] = []
         final_parts: list[torch.Tensor] = []
+        topk_s = 0.0
         for start in range(0, len(tokens), self.prefill_chunk):
             chunk = list(tokens[start : start + self.prefill_chunk])
             n, length = len(chunk), self.length(slot)
@@ -276,12 +278,14 @@ class HFTarget:
             self.cache.end_write([n])
             self.cache.commit(slot, range(n))
             if request.topk:
+                t_top = time.perf_counter()
                 logits = self._logits(final[0])
                 best = logits.topk(request.topk, dim=-1)
-                top.append(best.indices.cpu())
+                top.append(best.indices.cpu())  # syncs a GPU: the timing below is the work's
                 if request.topk_probs:
                     # p = exp(logit - logsumexp): no [n, V] softmax kept
                     top_probs.append((best.values - logits.logsumexp(dim=-1, keepdim=True)).exp().cpu())
+                topk_s += time.perf_counter() - t_top
             if request.hidden:
                 hidden_parts.append(hidden[0])
             if request.final_hidden:
@@ -292,6 +296,7 @@ class HFTarget:
             hidden=(torch.cat(hidden_parts) if hidden_parts else None) if request.hidden else None,
             topk_probs=(torch.cat(top_probs) if top_probs else empty_top.float()) if request.topk and request.topk_probs else None,
             final_hidden=(torch.cat(final_parts) if final_parts else None) if request.final_hidden else None,
+            topk_s=topk_s,
         )
 
     def forward_rows(

@@ -113,6 +113,9 @@ class ServerMetrics:
             family(out, "specgraft_probe_steps_total", "counter",
                    "Steps in which one sequence drafted while the batch decoded plainly (budget warm-up and exploration).",
                    [({}, batch.stats.probe_steps)])
+            family(out, "specgraft_plain_starts_total", "counter",
+                   "Requests started without their drafters' optional prefill work (the prompt's top-k): expected to decode plainly, or too few tokens to repay it.",
+                   [({}, batch.stats.plain_starts)])
             family(out, "specgraft_split_steps_total", "counter",
                    "Steps run as two forwards, the drafting sequences apart from the plain ones (cheaper than padding).",
                    [({}, batch.stats.split_steps)])
