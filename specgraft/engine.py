@@ -95,6 +95,11 @@ class SequenceState:
     """Prompt tokens and seconds of the optional prefill work this sequence's start paid for
     (Token Recycling's top-k of every prompt token: :attr:`SpecEngine.optional_prefill`);
     ``(0, 0.0)`` when it started without it, or its drafters have none."""
+    plain_only: bool = False
+    """Decode plainly for the sequence's whole life, probes included: a batch set it at admission
+    because the tokens it has to generate cannot repay its drafters' optional prefill work
+    (``BudgetPolicy.prefill_pays``); it started without that work, and drafting without it
+    would gain less still."""
     primed: bool = True
     """The drafters have what a speculative start gives them (the prompt's prefill outputs
     they asked for) or have drafted since; False for a sequence started with

@@ -35,14 +35,18 @@ METHODS = ("ar", "pld", "recycling", "ptd", "adapld", "draft-tree", "graft", "re
 class RandomCap(FixedBudget):
     """A budget policy that caps the batch's budget at a random value each step (0 included),
     sometimes with one probing sequence (in its own forward or padded with the batch), starts
-    sequences speculatively or not at random, and at random refuses a sequence's catch-up
-    (it then decodes plainly while the others draft, in the same forward or apart)."""
+    sequences speculatively or not at random (refusing, at random, a start's optional prefill
+    work: that sequence then never drafts), and at random refuses a sequence's catch-up (it
+    then decodes plainly while the others draft, in the same forward or apart)."""
 
     def __init__(self, seed: int):
         self.rng = random.Random(seed)
         self.observed = 0
 
     def pays_back(self, batch_size, budget, tokens, remaining):
+        return self.rng.random() < 0.7
+
+    def prefill_pays(self, batch_size, budget, tokens, remaining):
         return self.rng.random() < 0.7
 
     def split_pays(self, batch_size, drafting, budget):
@@ -201,6 +205,10 @@ def test_optional_prefill_is_weighed_at_admission(monkeypatch):
     for method, optional in (("recycling", True), ("pld", False), ("draft-tree", False)):
         engine = build(target, method, perturbed(model))
         assert engine.optional_prefill is optional
+        drafted: list[bool] = []  # plain_only of every sequence that got a budget
+        propose = engine.propose_batch
+        monkeypatch.setattr(engine, "propose_batch", lambda seqs, budgets, depths, _p=propose: drafted.extend(
+            s.plain_only for s, b in zip(seqs, budgets) if b > 0) or _p(seqs, budgets, depths))
         requested.clear()
         policy = EveryOther()
         batch = BatchEngine(engine, max_batch=2, policy=policy)
@@ -215,6 +223,7 @@ def test_optional_prefill_is_weighed_at_admission(monkeypatch):
         assert [t for t, _ in policy.observed] == [t for t, _ in policy.asked[::2]]
         assert all(s > 0 for _, s in policy.observed)
         assert batch.stats.plain_starts == len(requests) - sum(paid)
+        assert drafted and not any(drafted), "a sequence refused its optional prefill work never drafts"
     # a real policy measures the work from the first start on and weighs the rest with it
     costs = CostTable("m", "cpu", {1: {1: 1e-3, 9: 1.2e-3}, 2: {1: 1.5e-3, 9: 2e-3}})
     policy = AdaptiveBudget(costs, Acceptance(prior=[0.9] * 8, prior_weight=1e9), budgets=(8,))

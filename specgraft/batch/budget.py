@@ -854,20 +854,20 @@ class AdaptiveBudget:
         start plainly and skip it (``SpecEngine.start(speculative=False)``).
 
         The work costs ``tokens x`` the measured seconds per token
-        (:meth:`observe_optional_prefill`), the batch waiting. It can at most gain what drafting
-        gains over plain decoding for the ``remaining`` tokens, the sequence's share of the
-        batch's steps: ``remaining x (1 / plain - 1 / drafting)`` with ``plain`` and
-        ``drafting`` the batch's tokens/s at this batch size: measured where the steps have
-        spoken (plain steps', and drafting's lasting record once it holds
-        :data:`GUARD_STEPS` steps: :class:`Realized`), else predicted at the budget
-        :meth:`best` picks. Crediting the whole gain to the prompt's top-k overvalues it (a
-        sequence started plainly still drafts, from what its drafters learn as it decodes, or
-        from a warmed successor matrix), so a start is plain only when even that gain is too
-        small. Before any such work is measured it answers yes (that start measures it).
+        (:meth:`observe_optional_prefill`), the batch waiting. A sequence refused it decodes
+        plainly for its whole life (``SequenceState.plain_only``), so what the work buys is
+        drafting's whole gain over plain decoding for the ``remaining`` tokens, the sequence's
+        share of the batch's steps: ``remaining x (1 / plain - 1 / drafting)`` with ``plain``
+        and ``drafting`` the batch's tokens/s at this batch size: measured where the steps have
+        spoken (plain steps', and drafting's lasting record once it holds :data:`GUARD_STEPS`
+        steps: :class:`Realized`), else predicted at the budget :meth:`best` picks. Before any
+        such work is measured it answers yes (that start measures it).
 
         Why: on the Zen 3 (``benchmarks/RESULTS.md``, issue 12) ``recycling`` at ``B = 1``
         decoded at ``ar``'s rate on 32-token requests (MAT 1.02-1.07) but paid each prompt's
-        top-k at its start, and came out 0.973-0.987x batched ``ar`` in four runs.
+        top-k at its start (4.5 ms a prompt token, 3.3 s for a 709-token prompt), and came out
+        0.973-0.987x batched ``ar`` in four runs. Starting such requests plainly but letting
+        them draft was worse (0.96x: without the prompt's successors they accepted nothing).
 
         >>> p = AdaptiveBudget(CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}}), Acceptance(prior=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.2, 0.1]))
         >>> p.prefill_pays(1, 8, 600, 32)   # nothing measured: this start measures it

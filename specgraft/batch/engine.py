@@ -228,19 +228,20 @@ class BatchEngine:
 
     def _run_step(self, seqs: list[SequenceState], plan: StepPlan) -> list[list[int]]:
         """``step_batch`` under ``plan``: a sequence whose catch-up would not pay back decodes
-        plainly (:meth:`_pays_back`); a probe goes to the first sequence whose drafters are
-        primed (else the first). A step where only some sequences draft runs them in a forward
+        plainly (:meth:`_pays_back`), and so does one admitted ``plain_only``; a probe goes to
+        the first sequence whose drafters are primed (else the first that is not plain only). A step where only some sequences draft runs them in a forward
         of their own when the policy says that is cheaper than padding every sequence to their
         trees (``plan.split`` for a probe, ``BudgetPolicy.split_pays`` otherwise)."""
         if not plan.probe:
             if plan.cap == 0:
                 return self.engine.step_batch(seqs, 0)
-            caps = [plan.cap if self._pays_back(s, len(seqs), plan.cap) else 0 for s in seqs]
+            caps = [0 if s.plain_only or not self._pays_back(s, len(seqs), plan.cap) else plan.cap for s in seqs]
             budgets = [s.config.budget if c is None else min(c, s.config.budget) for s, c in zip(seqs, caps)]
             split = self.policy.split_pays(len(seqs), sum(b > 0 for b in budgets), max(budgets))
             return self._step_apart(seqs, budgets, split)
-        p = next((i for i, s in enumerate(seqs) if s.primed), 0)
-        if not self._pays_back(seqs[p], len(seqs), plan.probe):
+        may = [i for i, s in enumerate(seqs) if not s.plain_only]
+        p = next((i for i in may if seqs[i].primed), may[0] if may else None)
+        if p is None or not self._pays_back(seqs[p], len(seqs), plan.probe):
             return self.engine.step_batch(seqs, 0)
         self.stats.probe_steps += 1
         return self._step_apart(seqs, [plan.probe if i == p else 0 for i in range(len(seqs))], plan.split)
@@ -280,11 +281,13 @@ class BatchEngine:
             # the batch size it will decode in: a sequence expected to decode plainly starts
             # without its drafters' optional prefill work
             size = min(self.max_batch, len(self.running) + 1 + len(self._waiting))
+            speculative, repays = self._speculative_start(request, size)
             try:
-                seq = self.engine.start(request.prompt, request.config, speculative=self._speculative_start(request, size))
+                seq = self.engine.start(request.prompt, request.config, speculative=speculative)
             except (ValueError, RuntimeError) as e:  # e.g. out of memory for the cache
                 events.append(BatchEvent(request.request_id, [], finished=True, finish_reason="error", error=str(e)))
                 continue
+            seq.plain_only = not repays
             if seq.optional_prefill[0]:
                 self.policy.observe_optional_prefill(*seq.optional_prefill)
             elif self.engine.optional_prefill:
@@ -295,17 +298,24 @@ class BatchEngine:
                 events.append(self._retire(request.request_id, []))
         return events
 
-    def _speculative_start(self, request: _Request, size: int) -> bool:
-        """Whether ``request``, joining a batch of ``size``, starts with its drafters' optional
-        prefill work: only if it is expected to draft there (``BudgetPolicy.speculating``) and,
-        when that work has a cost (``SpecEngine.optional_prefill``), the policy says its
-        remaining tokens can repay it (``BudgetPolicy.prefill_pays``)."""
+    def _speculative_start(self, request: _Request, size: int) -> tuple[bool, bool]:
+        """``(speculative, repays)`` for ``request`` joining a batch of ``size``. It starts with
+        its drafters' optional prefill work only if it is expected to draft there
+        (``BudgetPolicy.speculating``) and, when that work has a cost
+        (``SpecEngine.optional_prefill``), the policy says the tokens it has to generate repay
+        it (``BudgetPolicy.prefill_pays``). If they do not, ``repays`` is False and the sequence
+        decodes plainly for its whole life (:attr:`SequenceState.plain_only`): the policy
+        weighed drafting's whole gain against that work, and drafting without it gains less
+        (on the Zen 3, `recycling` requests started without their prompt's top-k and left to
+        draft came out 4% under batched `ar` at batch size 1). One started plainly because
+        its batch is not expected to draft may draft later, from what its drafters learn."""
         budget = request.config.with_default_budget(self.engine.default_budget).budget
         if not self.policy.speculating(size, budget):
-            return False
+            return False, True
         if not self.engine.optional_prefill:
-            return True
-        return self.policy.prefill_pays(size, budget, len(request.prompt) - 1, request.config.max_new_tokens)
+            return True, True
+        repays = self.policy.prefill_pays(size, budget, len(request.prompt) - 1, request.config.max_new_tokens)
+        return repays, repays
 
     def _retire(self, request_id: str, tokens: list[int]) -> BatchEvent:
         seq = self.running.pop(request_id)
