@@ -43,7 +43,10 @@ first step at a batch size (and once every ``explore`` speculating steps) to mea
 comparing against. A sequence whose drafters must first prefill what they have not cached (a
 draft model prefilling the prompt at its first proposal) drafts only if its remaining tokens
 can pay that prefill back (:meth:`AdaptiveBudget.pays_back`, from the measured seconds per
-catch-up token); otherwise it decodes plainly inside the drafting batch. And what the steps
+catch-up token); otherwise it decodes plainly inside the drafting batch. Likewise a request
+pays its drafters' optional prefill work (Token Recycling's prompt top-k) only if its tokens
+can repay it (:meth:`AdaptiveBudget.prefill_pays`, from the measured seconds per prompt token);
+otherwise it starts without it and decodes plainly to its end. And what the steps
 produced has the last word: drafting whose realized tokens/s at a batch size falls short of
 plain steps' there stops for ``explore`` steps, whatever the prediction says
 (:meth:`AdaptiveBudget.observe_step`).
@@ -860,14 +863,18 @@ class AdaptiveBudget:
         share of the batch's steps: ``remaining x (1 / plain - 1 / drafting)`` with ``plain``
         and ``drafting`` the batch's tokens/s at this batch size: measured where the steps have
         spoken (plain steps', and drafting's lasting record once it holds :data:`GUARD_STEPS`
-        steps: :class:`Realized`), else predicted at the budget :meth:`best` picks. Before any
-        such work is measured it answers yes (that start measures it).
+        steps: :class:`Realized`), else predicted at the budget :meth:`best` picks; and, as in
+        :meth:`best`, drafting must beat plain decoding by :data:`SPECULATE_MARGIN` (a realized
+        rate over the last few steps is good to a few percent). Before any such work is
+        measured it answers yes (that start measures it).
 
         Why: on the Zen 3 (``benchmarks/RESULTS.md``, issue 12) ``recycling`` at ``B = 1``
         decoded at ``ar``'s rate on 32-token requests (MAT 1.02-1.07) but paid each prompt's
         top-k at its start (4.5 ms a prompt token, 3.3 s for a 709-token prompt), and came out
         0.973-0.987x batched ``ar`` in four runs. Starting such requests plainly but letting
-        them draft was worse (0.96x: without the prompt's successors they accepted nothing).
+        them draft was worse (0.96x: without the prompt's successors they accepted nothing);
+        without the margin, short prompts whose drafting merely tied plain decoding over the
+        last steps still paid it, and drafted at MAT 1.01 (0.966x).
 
         >>> p = AdaptiveBudget(CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}}), Acceptance(prior=[0.8, 0.6, 0.5, 0.4, 0.3, 0.2, 0.2, 0.1]))
         >>> p.prefill_pays(1, 8, 600, 32)   # nothing measured: this start measures it
@@ -879,6 +886,11 @@ class AdaptiveBudget:
         >>> for _ in range(3): p.observe_step(1, False, 1, 0.3); p.observe_step(1, True, 1, 0.32)
         >>> p.prefill_pays(1, 8, 600, 32)   # its drafting steps emitted 3.1 tokens/s against 3.3
         False
+        >>> q = AdaptiveBudget(CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}}))
+        >>> q.observe_optional_prefill(10, 0.001)   # cheap work
+        >>> for _ in range(3): q.observe_step(1, False, 1, 0.3); q.observe_step(1, True, 1, 0.297)
+        >>> q.prefill_pays(1, 8, 10, 1000)   # drafting 1% ahead of plain: a tie, whatever it costs
+        False
         """
         if self.optional_per_token is None:
             return True
@@ -887,6 +899,8 @@ class AdaptiveBudget:
         plain = record.rate(False) or self.predicted(batch_size, 0)
         drafting = record.rate(True, lasting=True) if record.lasting_steps >= GUARD_STEPS else None
         drafting = drafting or (self.predicted(batch_size, k) if k > 0 else plain)
+        if drafting <= (1 + SPECULATE_MARGIN) * plain:  # a near-tie is no reason to pay (``best``)
+            return False
         saving = remaining * (1 / plain - 1 / drafting)
         return saving > tokens * self.optional_per_token
 

@@ -229,9 +229,10 @@ class BatchEngine:
     def _run_step(self, seqs: list[SequenceState], plan: StepPlan) -> list[list[int]]:
         """``step_batch`` under ``plan``: a sequence whose catch-up would not pay back decodes
         plainly (:meth:`_pays_back`), and so does one admitted ``plain_only``; a probe goes to
-        the first sequence whose drafters are primed (else the first that is not plain only). A step where only some sequences draft runs them in a forward
-        of their own when the policy says that is cheaper than padding every sequence to their
-        trees (``plan.split`` for a probe, ``BudgetPolicy.split_pays`` otherwise)."""
+        the first sequence whose drafters are primed (else the first that is not plain only).
+        A step where only some sequences draft runs them in a forward of their own when the
+        policy says that is cheaper than padding every sequence to their trees (``plan.split``
+        for a probe, ``BudgetPolicy.split_pays`` otherwise)."""
         if not plan.probe:
             if plan.cap == 0:
                 return self.engine.step_batch(seqs, 0)

@@ -278,10 +278,11 @@ class HFTarget:
             self.cache.end_write([n])
             self.cache.commit(slot, range(n))
             if request.topk:
+                synchronize(self.device)  # a GPU's queued chunk forward is not the top-k's time
                 t_top = time.perf_counter()
                 logits = self._logits(final[0])
                 best = logits.topk(request.topk, dim=-1)
-                top.append(best.indices.cpu())  # syncs a GPU: the timing below is the work's
+                top.append(best.indices.cpu())  # syncs a GPU again
                 if request.topk_probs:
                     # p = exp(logit - logsumexp): no [n, V] softmax kept
                     top_probs.append((best.values - logits.logsumexp(dim=-1, keepdim=True)).exp().cpu())
