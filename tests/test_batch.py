@@ -144,23 +144,29 @@ class PlainPolicy(FixedBudget):
 
 
 
+def ar_requests(n: int):
+    """A tiny fp32 target, ``n`` greedy requests (12 tokens, budget 8) and ``ar``'s outputs by request id."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    ar = build(target, "ar", None)
+    requests = [(p, GenerationConfig(max_new_tokens=12, budget=8)) for p, _ in make_prompts(n=n, vocab=model.config.vocab_size)]
+    return model, target, requests, {str(i): ar.generate_ids(p, c) for i, (p, c) in enumerate(requests)}
+
+
+def record_prefills(monkeypatch, target: HFTarget) -> list[PrefillRequest]:
+    """Every ``PrefillRequest`` the target's prefill is asked from now on (the prefill still runs)."""
+    requested: list[PrefillRequest] = []
+    prefill = target.prefill
+    monkeypatch.setattr(target, "prefill", lambda slot, tokens, request=PrefillRequest(): requested.append(request) or prefill(slot, tokens, request))
+    return requested
+
+
 def test_a_plainly_decoding_batch_does_no_drafting_work(monkeypatch):
     """The full fallback: at budget 0 the draft model never runs (not even its slot and prefill,
     deferred to a first proposal that never comes) and Token Recycling's prompt top-k is not
     computed."""
-    model = TINY_MODELS["llama"]()
-    target = HFTarget(model)
-    ar = build(target, "ar", None)
-    requests = [(p, GenerationConfig(max_new_tokens=12, budget=8)) for p, _ in make_prompts(n=4, vocab=model.config.vocab_size)]
-    expected = {str(i): ar.generate_ids(p, c) for i, (p, c) in enumerate(requests)}
-    requested: list[PrefillRequest] = []
-    target_prefill = target.prefill
-
-    def recording_prefill(slot, tokens, request=PrefillRequest()):
-        requested.append(request)
-        return target_prefill(slot, tokens, request)
-
-    monkeypatch.setattr(target, "prefill", recording_prefill)
+    model, target, requests, expected = ar_requests(4)
+    requested = record_prefills(monkeypatch, target)
     for method in ("recycling", "draft-tree"):
         engine = build(target, method, perturbed(model))
         draft_calls = []
@@ -182,14 +188,8 @@ def test_optional_prefill_is_weighed_at_admission(monkeypatch):
     and ``max_new_tokens``); the work it paid is timed and reported, a refused one is counted
     in ``plain_starts``; the output is ``ar``'s either way. Methods whose prefill has no
     optional cost are never asked."""
-    model = TINY_MODELS["llama"]()
-    target = HFTarget(model)
-    ar = build(target, "ar", None)
-    requests = [(p, GenerationConfig(max_new_tokens=12, budget=8)) for p, _ in make_prompts(n=5, vocab=model.config.vocab_size)]
-    expected = {str(i): ar.generate_ids(p, c) for i, (p, c) in enumerate(requests)}
-    requested: list[PrefillRequest] = []
-    target_prefill = target.prefill
-    monkeypatch.setattr(target, "prefill", lambda slot, tokens, request=PrefillRequest(): requested.append(request) or target_prefill(slot, tokens, request))
+    model, target, requests, expected = ar_requests(5)
+    requested = record_prefills(monkeypatch, target)
 
     class EveryOther(FixedBudget):
         def __init__(self):
