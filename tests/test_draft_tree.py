@@ -324,59 +324,6 @@ def test_early_stop_skips_the_layers_under_an_unlikely_path():
         DraftTreeConfig(stop_min=-0.1)
 
 
-def test_row_cost_verifies_only_the_nodes_that_pay_for_their_rows():
-    # top-1 chain, path probabilities 0.9, 0.54, 0.324, 0.194 after the four layers: expected
-    # tokens per unit of cost (1 + sum p) / (1 + row_cost * k) peaks at k = 3 for row_cost 0.1
-    # (2.126 against 2.113 with the fourth node), at k = 1 for 0.5, and never for free rows
-    lm = TableLM(chain_table({t: 0.9 if t == 0 else 0.6 for t in range(16)}), 16)
-    for row_cost, kept in [(None, 4), (0.0, 4), (0.1, 3), (0.5, 1)]:
-        drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=4, top_k=1, row_cost=row_cost))
-        lm.forwards = 0
-        draft = drafter.propose(begin(drafter, [0]), [0], 8)
-        assert draft.tokens == [1, 2, 3, 4][:kept], f"row_cost {row_cost}"
-        assert lm.forwards == 4, "the cut is a trim: the drafting itself is unchanged"
-    # a budget under the cost-aware cut still bounds it
-    drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=4, top_k=1, row_cost=0.0))
-    assert drafter.propose(begin(drafter, [0]), [0], 2).tokens == [1, 2]
-    # sampled drafts carry no scores: the first ``budget`` nodes, whatever the row cost
-    sampled = DraftModelDrafter(lm, DraftTreeConfig(depth=4, top_k=1, sample=True, row_cost=0.5))
-    draft = sampled.propose(begin(sampled, [0], sampling_config(temperature=1.0, seed=3)), [0], 8)
-    assert draft.scores is None and len(draft) == 4
-    with pytest.raises(ValueError, match="row_cost must be >= 0"):
-        DraftTreeConfig(row_cost=-0.1)
-    with pytest.raises(ValueError, match="row_cost must be >= 0"):
-        GraftOptions(row_cost=-0.1)
-
-
-@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
-def test_cost_aware_draft_tree_greedy_equals_plain_decoding(arch):
-    """A row cost (``MethodOptions.row_cost``, as ``--row-cost`` sets it) reaches the draft tree
-    and cuts some steps' trees; greedy outputs still equal plain decoding, single and batched."""
-    from specgraft.methods import MethodOptions
-    from specgraft.methods.graft import build_from_method_options
-
-    model = TINY_MODELS[arch]()
-    draft = perturbed(model, scale=0.02)
-    target = HFTarget(model)
-    options = MethodOptions(graft=GraftOptions(depth=3, top_k=2, extend=4, extend_min=0.0, stop_min=0.0), row_cost=0.2, cost_table=None)
-    drafters, composer = build_from_method_options("draft-tree", target, options, draft_model=draft)
-    assert drafters[0].config.row_cost == 0.2
-    engine = SpecEngine(target, drafters, composer, method="draft-tree")
-    config = GenerationConfig(max_new_tokens=MAX_NEW, budget=8)
-    prompts = make_prompts(N_PROMPTS, model.config.vocab_size)
-    nodes = steps = 0
-    for prompt, _ in prompts:
-        seq = engine.start(prompt, config)
-        while not seq.done:
-            engine.step(seq)
-        got = seq.context[len(prompt):len(prompt) + MAX_NEW]
-        nodes, steps = nodes + seq.stats.tree_nodes, steps + seq.stats.steps
-        engine.finish(seq)
-        assert got == hf_greedy(model, prompt, MAX_NEW), f"{arch}: diverged on {prompt}"
-    assert nodes < 0.9 * 8 * steps, f"{arch}: the row cost cut no tree ({nodes} nodes in {steps} steps)"
-    assert_batch_equals_plain(engine, model, [p for p, _ in prompts[:4]], config)
-
-
 @pytest.mark.parametrize("arch", sorted(TINY_MODELS))
 def test_early_stopped_draft_tree_greedy_equals_plain_decoding(arch):
     """Early stop on (tiny random models are unconfident, so a small bound stops most trees

@@ -195,11 +195,9 @@ COST_TABLE = typer.Option(
 )
 ROW_COST = typer.Option(
     None, "--row-cost",
-    help="pld, adapld*, draft-tree, the graft* variants and reader's draft tree: cut each tree where expected tokens per "
-    "unit of verify cost peak, a verified row costing this fraction of a one-row step (draft trees read their draft "
-    "path probabilities as acceptance estimates); auto = from the cost table of this model, device and threads "
-    "(`specgraft profile`, or the shipped one); default none: the fixed estimated-acceptance cut (min_prob 0.1) and "
-    "the draft trees' full budgets.",
+    help="pld and adapld*: cut each tree where expected tokens per unit of verify cost peak, a verified row costing this "
+    "fraction of a one-row step; auto = from the cost table of this model, device and threads (`specgraft profile`, or "
+    "the shipped one); default none: the fixed estimated-acceptance cut (min_prob 0.1).",
 )
 
 

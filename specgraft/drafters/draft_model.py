@@ -124,7 +124,7 @@ from torch import nn
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.base import StatelessDrafter
 from specgraft.models.hf import HFTarget, synchronize
-from specgraft.tree.paths import best_first, cost_aware_subset
+from specgraft.tree.paths import best_first
 from specgraft.types import Draft, PrefillOutput, RowsOutput, StepResult, reindex
 from specgraft.verify.processing import target_probs
 
@@ -171,12 +171,6 @@ class DraftTreeConfig:
     """Cap each sequence's extension by what the target accepted of its recent chains (module
     docstring, *Extension*); False (the default: it measured no faster, 2.26x vs 2.28x `ar` on
     the tuning prompts): every eligible step may extend by ``extend``."""
-    row_cost: float | None = None
-    """Cost of one more verified row as a fraction of a one-row target step (``CostTable.row_cost``):
-    when set, the trim to the budget keeps the best-first prefix of the scored nodes whose
-    expected tokens per unit of verify cost peaks, reading each node's draft path probability
-    ``exp(S)`` as its acceptance estimate (:func:`trim`, ``tree.paths.cost_aware_subset``).
-    None = always the ``budget`` best nodes. Scored (top-k) drafts only."""
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -189,8 +183,6 @@ class DraftTreeConfig:
             raise ValueError(f"extend_min must lie in [0, 1], got {self.extend_min}")
         if not 0.0 <= self.stop_min <= 1.0:
             raise ValueError(f"stop_min must lie in [0, 1], got {self.stop_min}")
-        if self.row_cost is not None and not self.row_cost >= 0.0:
-            raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -303,29 +295,12 @@ class ModelDraft(Draft):
     """The drafter's checkpoint depths (``stage`` indexes them)."""
 
 
-def trim(draft: ModelDraft, n: int, row_cost: float | None = None) -> ModelDraft:
+def trim(draft: ModelDraft, n: int) -> ModelDraft:
     """Keep ``n`` nodes: the best by path score, or, for sampled drafts (no scores), the first ``n``.
 
     The second rule cuts every children list to a prefix whose length does not depend on the
-    children's own values, which rejection sampling needs (module docstring). With ``row_cost``
-    (``DraftTreeConfig.row_cost``) a scored draft keeps only the best-first prefix of at most
-    ``n`` nodes that maximises ``(1 + sum exp(S)) / (1 + row_cost * k)``: nodes the draft gives
-    too little probability to pay for their verified rows are not verified. The cut reads the
-    draft's own scores of deterministic (top-k) children, never a sampled value, and the target
-    verifies whatever is kept, so outputs do not change (greedy: equal to ``ar``).
-
-    Worked example: a chain whose nodes have path probabilities 0.9, 0.45, 0.1 and a budget of
-    8: all three kept without a row cost; at ``row_cost = 0.1`` the third is dropped
-    (``2.35 / 1.2 = 1.96`` tokens per unit of cost before it, ``2.45 / 1.3 = 1.88`` with it).
-
-    >>> import math
-    >>> chain = ModelDraft(source="draft", tokens=[5, 6, 7], parents=[-1, 0, 1], scores=[math.log(p) for p in (0.9, 0.45, 0.1)])
-    >>> trim(chain, 8).tokens, trim(chain, 8, row_cost=0.1).tokens, trim(chain, 2).tokens
-    ([5, 6, 7], [5, 6], [5, 6])
+    children's own values, which rejection sampling needs (module docstring).
     """
-    if draft.scores is not None and row_cost is not None and len(draft):
-        probs = [math.exp(s) for s in draft.scores]
-        return draft.subset(cost_aware_subset(draft.parents, probs, max(n, 0), row_cost))
     if len(draft) <= n:
         return draft
     if draft.scores is None:
@@ -474,7 +449,7 @@ class DraftModelDrafter(StatelessDrafter):
                 self.lm.discard(state.slot)
             state.proposal = None
             return ModelDraft(source=self.name, tokens=[], parents=[])
-        return trim(self.draft_pool(state, context, budget), budget, self.config.row_cost)
+        return trim(self.draft_pool(state, context, budget), budget)
 
     def pending_prefill(self, state: DraftState, context: Sequence[int]) -> int:
         """Tokens the next proposal would prefill apart before drafting (its catch-up: the
@@ -515,7 +490,7 @@ class DraftModelDrafter(StatelessDrafter):
             for b, out in zip(order, outs, strict=True):
                 states[b].forward_s.append(elapsed)
                 self._advance(b, runs, requests, drafts, out)
-        return [trim(d, budget, self.config.row_cost) for d, budget in zip(drafts, budgets, strict=True)]  # type: ignore[arg-type]
+        return [trim(d, budget) for d, budget in zip(drafts, budgets, strict=True)]  # type: ignore[arg-type]
 
     @staticmethod
     def _advance(b: int, runs: dict, requests: dict, drafts: list, out: RowsOutput | None) -> None:

@@ -75,11 +75,6 @@ class GraftOptions:
     (``DraftTreeConfig.stop_min``; 0 = always the full depth)."""
     extend_adapt: bool | None = None
     """Override whether each sequence's extension adapts to its accepted chains (``DraftTreeConfig.extend_adapt``)."""
-    row_cost: float | None = None
-    """Cost of one more verified row as a fraction of a one-row target step: when set, the draft
-    tree verifies only the best-first prefix of its nodes whose expected tokens per unit of cost
-    peaks (``DraftTreeConfig.row_cost``); None = always the budget's best nodes.
-    ``MethodOptions.row_cost`` (``--row-cost``) overrides it."""
     calibration: str | None = None
     """Calibration JSON from ``specgraft calibrate`` (thresholds + warmed-up successor matrix)."""
     thresholds: tuple[float, ...] | None = None
@@ -107,8 +102,6 @@ class GraftOptions:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.extend is not None and (not isinstance(self.extend, int) or self.extend < 0):
             raise ValueError(f"extend must be an integer >= 0, got {self.extend!r}")
-        if self.row_cost is not None and not self.row_cost >= 0.0:
-            raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
         if self.thresholds is not None:
             object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
 
@@ -332,7 +325,6 @@ def build_graft_method(
         **({} if options.extend_min is None else {"extend_min": options.extend_min}),
         stop_min=preset.stop_min if options.stop_min is None else options.stop_min,
         **({} if options.extend_adapt is None else {"extend_adapt": bool(options.extend_adapt)}),
-        row_cost=options.row_cost,
         checkpoints=checkpoints if config.gated else (),
         thresholds=thresholds,
         sample=options.sample_drafts,
@@ -351,5 +343,4 @@ def build_from_method_options(
     variant: str, target: TargetModel, options: Any, draft_model: nn.Module | None = None
 ) -> tuple[list[Drafter], GraftComposer]:
     """``MethodSpec.build`` for a Graft variant: reads ``options.graft`` (a :class:`GraftOptions`)."""
-    graft = options.graft if options.row_cost is None else replace(options.graft, row_cost=options.row_cost)
-    return build_graft_method(variant, target, graft, draft_model, learning=options.learning)
+    return build_graft_method(variant, target, options.graft, draft_model, learning=options.learning)

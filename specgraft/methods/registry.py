@@ -141,9 +141,7 @@ class MethodOptions:
     """Cost of one more verified row as a fraction of a one-row target step
     (``CostTable.row_cost``, ``--row-cost``): when set, ``pld`` and the AdaPLD methods cut their
     best-first trees where expected tokens per unit of cost peaks instead of at ``min_prob``
-    alone (``tree.paths.cost_aware_subset``), and ``draft-tree``, the Graft variants and READER's
-    draft tree cut theirs the same way by the draft's path probabilities (``DraftTreeConfig.row_cost``);
-    it overrides ``pld.row_cost``, ``adapld.row_cost`` and ``graft.row_cost``."""
+    alone (``tree.paths.cost_aware_subset``); it overrides ``pld.row_cost`` and ``adapld.row_cost``."""
     cost_table: str | None = "auto"
     """Cost table (``specgraft profile``) that default budgets are derived from
     (``methods/device_budget.py``): a path; ``"auto"``, resolved by :class:`~specgraft.api.SpecDecoder`
