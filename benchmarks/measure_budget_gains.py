@@ -36,13 +36,24 @@ BUDGETS = {
 }
 
 
-def tuning_prompts(per_task: int, code_prompts: int):
+def task_tuning_prompts(per_task: int, tasks: list[str] | None = None):
+    """Spec-Bench items 41 .. 40 + ``per_task`` of each of ``tasks`` (default: every task, in
+    file order), which no benchmark suite uses (``spec-bench:N`` takes the first ``N``)."""
     from specgraft.suites import DATA_DIR, read_prompt_file
 
     by_task: dict[str, list] = {}
     for p in read_prompt_file(DATA_DIR / "spec_bench.jsonl", "spec-bench"):
         by_task.setdefault(p.task, []).append(p)
-    prompts = [p for items in by_task.values() for p in items[40 : 40 + per_task]]
+    unknown = [t for t in tasks or () if t not in by_task]
+    if unknown:
+        raise SystemExit(f"unknown Spec-Bench task {unknown[0]!r}; choose from {', '.join(by_task)}")
+    return [p for t in tasks or list(by_task) for p in by_task[t][40 : 40 + per_task]]
+
+
+def tuning_prompts(per_task: int, code_prompts: int):
+    from specgraft.suites import DATA_DIR, read_prompt_file
+
+    prompts = task_tuning_prompts(per_task)
     return prompts + read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + code_prompts]
 
 

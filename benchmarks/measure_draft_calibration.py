@@ -56,11 +56,10 @@ def table(counts: dict) -> dict:
 def main() -> None:
     import torch
 
-    from measure_budget_gains import load_base, model_arguments, tuning_prompts
+    from measure_budget_gains import load_base, model_arguments, task_tuning_prompts, tuning_prompts
 
     from specgraft.config import GenerationConfig
     from specgraft.methods import MethodOptions
-    from specgraft.suites import DATA_DIR, read_prompt_file
 
     parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=None, help="Spec-Bench tasks (items 41+, EOS stops) instead of the tuning prompts.")
@@ -71,14 +70,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     base = load_base(args)
     dec = base.with_method("draft-tree", MethodOptions(graft=base.options.graft, cost_table=None))
-    if args.tasks:
-        wanted = args.tasks.split(",")
-        by_task: dict[str, list] = defaultdict(list)
-        for p in read_prompt_file(DATA_DIR / "spec_bench.jsonl", "spec-bench"):
-            by_task[p.task].append(p)
-        prompts = [p for t in wanted for p in by_task[t][40 : 40 + args.per_task]]
-    else:
-        prompts = tuning_prompts(args.per_task, args.code_prompts)
+    prompts = task_tuning_prompts(args.per_task, args.tasks.split(",")) if args.tasks else tuning_prompts(args.per_task, args.code_prompts)
     engine = dec.engine
     seen: list[tuple[str, list[float], list[int], set[int]]] = []
     observe = engine.observe

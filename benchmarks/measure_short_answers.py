@@ -26,14 +26,13 @@ from pathlib import Path
 def main() -> None:
     import torch
 
-    from measure_budget_gains import load_base, model_arguments, timed_generate
+    from measure_budget_gains import load_base, model_arguments, task_tuning_prompts, timed_generate
     from measure_draft_extension import parse_variant
 
     from specgraft.bench.peers import HFPeer
     from specgraft.drafters.draft_model import DraftModelDrafter
     from specgraft.methods import MethodOptions
     from specgraft.models.loading import load_draft_model
-    from specgraft.suites import DATA_DIR, read_prompt_file
 
     parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="translation,qa")
@@ -44,10 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    by_task: dict[str, list] = {}
-    for p in read_prompt_file(DATA_DIR / "spec_bench.jsonl", "spec-bench"):
-        by_task.setdefault(p.task, []).append(p)
-    prompts = [p for t in args.tasks.split(",") for p in by_task[t][40 : 40 + args.per_task]]
+    prompts = task_tuning_prompts(args.per_task, args.tasks.split(","))
     base = load_base(args)
     graft = base.options.graft
     draft = load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=args.draft_quant)
