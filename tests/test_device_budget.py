@@ -119,7 +119,7 @@ def test_method_budget_uses_the_table_where_it_applies(tmp_path):
     meta = gains_meta()
     # the tree the draft-model gains were measured with
     unextended = GraftOptions(extend=meta.get("extend", 0), stop_min=meta.get("stop_min", 0.0))
-    for name in ("pld", "recycling", "draft-tree", "graft-prune"):
+    for name in ("recycling", "ptd", "draft-tree", "graft-prune"):
         on_cpu = derived_budget(name, MethodOptions(cost_table=cpu, graft=unextended))
         on_gpu = derived_budget(name, MethodOptions(cost_table=gpu, graft=unextended))
         assert on_cpu is not None and on_gpu is not None and on_cpu.budget <= on_gpu.budget
@@ -129,6 +129,10 @@ def test_method_budget_uses_the_table_where_it_applies(tmp_path):
     for name, options in [
         ("ar", MethodOptions(cost_table=cpu)),
         ("reader", MethodOptions(cost_table=cpu)),
+        # prompt lookup: its cut decides each step's rows, the budget is a cap
+        ("pld", MethodOptions(cost_table=cpu)),
+        ("adapld", MethodOptions(cost_table=cpu)),
+        ("adapld-full", MethodOptions(cost_table=cpu)),
         ("graft", MethodOptions(cost_table=cpu, graft=GraftOptions(preset="gpu"))),
         ("draft-tree", MethodOptions(cost_table=cpu, graft=GraftOptions(depth=6))),
         # another extension or early stop than the gains were measured with
@@ -153,15 +157,16 @@ def test_decoder_resolves_auto_and_stays_exact(tmp_path, monkeypatch):
     decoder's default budget to the derived one, and greedy outputs still equal ``ar``."""
     monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path / "cache"))
     model, tok = tiny_llama(), tiny_tokenizer()
-    auto = SpecDecoder(model, tok, method="pld", progress=False)
-    assert auto.options.cost_table is None and auto.default_budget == DEFAULT_BUDGETS["pld"]
-    dear = {1: {1: 0.3, 2: 0.6, 64: 20.0}}  # every row costs a whole step: fewer nodes than the fixed 16
-    want = derive_budget("pld", CostTable("m", "cpu", dear), anchor=DEFAULT_BUDGETS["pld"]).budget
-    assert want < DEFAULT_BUDGETS["pld"]
-    dec = SpecDecoder(model, tok, method="pld", options=MethodOptions(cost_table=table(tmp_path, dear)), progress=False)
+    auto = SpecDecoder(model, tok, method="recycling", progress=False)
+    assert auto.options.cost_table is None and auto.default_budget == DEFAULT_BUDGETS["recycling"]
+    dear = {1: {1: 0.3, 2: 0.6, 64: 20.0}}  # every row costs a whole step: fewer nodes than the fixed 4
+    want = derive_budget("recycling", CostTable("m", "cpu", dear), anchor=DEFAULT_BUDGETS["recycling"]).budget
+    assert want < DEFAULT_BUDGETS["recycling"]
+    dec = SpecDecoder(model, tok, method="recycling", options=MethodOptions(cost_table=table(tmp_path, dear)), progress=False)
     assert dec.default_budget == want and dec.resolved_config(SpecDecoder.make_config())["generation"]["budget"] == want
     ar = dec.with_method("ar")
-    assert dec.with_method("recycling").options.cost_table == dec.options.cost_table
+    assert dec.with_method("pld").options.cost_table == dec.options.cost_table
+    assert dec.with_method("pld").default_budget == DEFAULT_BUDGETS["pld"]  # prompt lookup keeps its cap
     rng = random.Random(0)
     for _ in range(5):
         prompt = [rng.randrange(3, 64) for _ in range(rng.randint(3, 12))] * 2
@@ -206,7 +211,7 @@ def test_shipped_gpu_tables_are_found_and_give_gpu_budgets():
         assert costs.device.startswith("cuda") and costs.cost(1, 64) < 2 * costs.cost(1, 1), "a GPU verifies 64 rows for ~one step"
     cpu, gpu = find_cost_table("qwen2.5-coder-1.5b-instruct", "cpu", 2), find_cost_table("qwen2.5-coder-1.5b-instruct", "cuda")
     unextended = GraftOptions(extend=gains_meta().get("extend", 0), stop_min=gains_meta().get("stop_min", 0.0))
-    for name in ("pld", "recycling", "ptd", "draft-tree"):
+    for name in ("recycling", "ptd", "draft-tree"):
         on_cpu = derived_budget(name, MethodOptions(cost_table=str(cpu), graft=unextended))
         on_gpu = derived_budget(name, MethodOptions(cost_table=str(gpu), graft=unextended))
         assert on_cpu is not None and on_gpu is not None and on_gpu.budget >= on_cpu.budget, name

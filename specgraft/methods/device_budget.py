@@ -41,7 +41,10 @@ against 4.8 tokens/s, so 8, the fixed default too. Budget 16 (``E = 5.41``, ``N 
 drafting 0.94) predicts 5.0: its extra rows and drafting cost more than its 12% more tokens.
 
 Where the derivation does not apply, the fixed defaults stay (``DEFAULT_BUDGETS``; the preset's
-budget for the draft-model methods): no table for this model and device; a method without
+budget for the draft-model methods): no table for this model and device; prompt lookup (``pld``
+and the AdaPLD methods, ``registry.PROMPT_LOOKUP_METHODS``), whose per-step cut already decides
+its rows and whose cap binds only on long, confident copies that the short tuning prompts
+rarely contain (the derived 4 ran 15% slower than 16 on input-guided prompts on the Zen 3); a method without
 measured gains (``ar``, READER, whose shape comes from ``specgraft tune``); a draft-model method
 run with another preset, depth, top-k, extension or early stop than the gains were measured
 with (their meta records the cpu preset's), or with a Graft calibration (its thresholds were

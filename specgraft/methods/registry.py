@@ -257,10 +257,19 @@ def fixed_budget(name: str, options: MethodOptions) -> int:
     return spec.default_budget
 
 
+#: Prompt lookup: each step proposes only the nodes whose estimated acceptance passes the cut,
+#: so the budget is a cap that binds on long, confident copies, the steps where extra rows pay
+#: most. A cap derived from gains averaged over prompts without such copies cuts them: on the
+#: 2-core Zen 3, input-guided prompts ran 15% slower with ``pld`` at the derived 4 than at 16 and
+#: 26% slower with ``adapld`` at 2 (``benchmarks/RESULTS.md``, "Prompt lookup keeps its cap").
+PROMPT_LOOKUP_METHODS = frozenset({"pld", *model_free.ADAPLD_METHODS})
+
+
 def derived_budget(name: str, options: MethodOptions):
     """:class:`~specgraft.methods.device_budget.DerivedBudget` of ``name`` from
     ``options.cost_table``, or None where the fixed default applies: no table (None, or
-    ``"auto"`` not resolved yet), no measured gains for the method (``ar``, READER), or a
+    ``"auto"`` not resolved yet), prompt lookup (``PROMPT_LOOKUP_METHODS``: its cut decides the
+    rows of each step), no measured gains for the method (``ar``, READER), or a
     draft-model method whose tree differs from the one the gains were measured with (another
     preset, depth, top-k, extension or early stop) or that gates on a Graft calibration fitted at the preset's budget."""
     spec = get_method(name)
@@ -269,6 +278,10 @@ def derived_budget(name: str, options: MethodOptions):
 
     from specgraft.batch.budget import CostTable
     from specgraft.methods.device_budget import derive_budget, gains_meta
+
+    if name in PROMPT_LOOKUP_METHODS:
+        CostTable.load(options.cost_table)  # a broken table is an error, whatever the method
+        return None
 
     if spec.needs_draft_model:
         from specgraft.drafters.draft_model import get_preset
