@@ -223,3 +223,83 @@ def test_prompt_logits_on_demand_equal_a_full_forward():
     assert ids.tolist() == probs[3].topk(drafter.top_k).indices.tolist()
     assert np.allclose(p, probs[3].topk(drafter.top_k).values.numpy(), atol=1e-5)
     assert state.has_top.tolist() == [False, False, False, True, False, False]
+
+
+def test_lazy_successors_equal_the_whole_tree_cut_after():
+    """``lazy`` (the default) looks a successor up only when it can pass ``min_prob``, or in
+    ``observe`` when its branch was right; the plain twin builds every successor and cuts after.
+    Same trees, step by step, and the same learned rates, on generations where successors are
+    deferred (a successor prior of 0.15 keeps most of them under the cut)."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    config = GenerationConfig(max_new_tokens=24, budget=16)
+    runs = {}
+    for lazy in (True, False):
+        cfg = AdaPLDConfig(lazy=lazy, prior_successor=0.15, min_prob=0.05)
+        drafter = build_adapld(target, cfg)
+        drafts, rates, deferred = [], [], []
+        propose, observe = drafter.propose, drafter.observe
+
+        def recording_propose(state, context, budget, propose=propose, drafts=drafts, deferred=deferred):
+            draft = propose(state, context, budget)
+            drafts.append((draft.tokens, draft.parents, [round(s, 9) for s in draft.scores]))
+            deferred.append(len(state.last[4]) if state.last else 0)
+            return draft
+
+        def recording_observe(state, step, observe=observe, rates=rates):
+            observe(state, step)
+            rates.append([r.hits.ravel().tolist() + r.tries.ravel().tolist() for r in (state.rates, state.branch_rate, state.successor_rate)])
+
+        drafter.propose, drafter.observe = recording_propose, recording_observe
+        engine = SpecEngine(target, [drafter], get_method("adapld").build(target, MethodOptions())[1], method="adapld")
+        for prompt, _ in make_prompts(vocab=model.config.vocab_size)[:20]:
+            engine.generate_ids(prompt, config)
+        runs[lazy] = drafts, rates, deferred
+    assert runs[True][0] == runs[False][0] and runs[True][1] == runs[False][1]
+    assert sum(runs[True][2]) > 0 and sum(runs[False][2]) == 0  # successors were deferred, and only lazily
+
+
+def test_a_deferred_successor_is_learned_when_its_branch_was_right():
+    # memory 1 2 3 6 4 1 (root): branch 6 (q 0.3) has the successor 4, whose estimate 0.3 * 0.15
+    # is under the cut: the lazy drafter leaves it out, and learns it when 6 and then 4 come true
+    tokens = [1, 2, 3, 6, 4, 1]
+    top_ids, top_probs = [[2, 6, 9]] + [[0, 0, 0]] * 4, [[0.5, 0.3, 0.2]] + [[0.0, 0.0, 0.0]] * 4
+    learned = {}
+    for lazy in (True, False):
+        d = drafter(min_prob=0.1, branch_k=2, fallback=False, lazy=lazy, prior_successor=0.15)
+        st = state_for(tokens, [E1] * 5, top_ids, top_probs)
+        st.successor_rate = CopyRates((0.15,), (0.15,), 8.0)
+        draft = d.propose(st, tokens, 64)
+        assert 4 not in draft.tokens[5:]  # the successor is not proposed either way
+        assert (len(st.last[4]), len(st.last[0])) == ((2, 7) if lazy else (0, 8))  # deferred: 6 and 9
+        tree = DraftTree(tokens=draft.tokens, parents=draft.parents, sources=["adapld"] * len(draft))
+        node6 = draft.tokens.index(6)
+        step = StepResult(root_token=1, tree=tree, verify=VerifyResult(accepted=[node6], bonus_token=4),
+                          logits=torch.randn(len(draft) + 1, 16), context=tokens + [6, 4], hidden=torch.randn(len(draft) + 1, H))
+        d.observe(st, step)
+        learned[lazy] = st.successor_rate.hits.tolist(), st.successor_rate.tries.tolist()
+    assert learned[True] == learned[False] == ([[1.0, 0.0]], [[1.0, 0.0]])
+
+
+def test_no_prompt_logits_when_no_branch_can_pass_the_cut():
+    """A branch's estimate ``c * q`` never exceeds ``c``: with ``c`` under the cut a prompt anchor's
+    logits (a row of the output embedding) are not computed and it gets no branches; a generated
+    anchor's distribution is at hand and its branches are still built (and learned from)."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    calls = []
+    drafter = build_adapld(target, AdaPLDConfig(prior_branch=0.05, min_prob=0.1))
+    logits_of = drafter.logits_of
+    drafter.logits_of = lambda h: calls.append(len(h)) or logits_of(h)
+    prompt = [5, 9, 12, 5, 40, 33, 5]
+    slot = target.allocate()
+    state = drafter.begin(prompt, target.prefill(slot, prompt[:-1], drafter.prefill_request()), GenerationConfig())
+    draft = drafter.propose(state, prompt, 16)
+    assert calls == [] and state.last[2] == [0] * len(state.last[2])  # main copy only: 40 33 5
+    assert draft.tokens == [40, 33, 5][: len(draft)]
+    # above the cut the anchor's logits are computed once, its branches built
+    eager = build_adapld(target, AdaPLDConfig(prior_branch=1.0, min_prob=0.1))
+    eager.logits_of = drafter.logits_of
+    state = eager.begin(prompt, target.prefill(target.allocate(), prompt[:-1], eager.prefill_request()), GenerationConfig())
+    eager.propose(state, prompt, 16)
+    assert calls == [1] and 1 in state.last[2]
