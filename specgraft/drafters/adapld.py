@@ -133,7 +133,7 @@ class AdaPLDConfig:
     anchor probability of 181, c = 0.57 (the anchor's context is not the query's)."""
     prior_successor: float = 0.3
     """Prior rate of a successor given its branch was right (measured as ``prior_branch``: 10 of
-    32). The main copy's priors below measured within 0.05 of themselves there (e.g. a first
+    32). The main copy's priors below measured within 0.07 of themselves there (e.g. a first
     token after n = 1: 61 of 237; later tokens after n >= 3: 271 of 297)."""
     prior_strength: float = 8.0
     """Pseudo-observations behind each prior."""
