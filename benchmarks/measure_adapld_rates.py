@@ -11,7 +11,7 @@ measured under the earlier ones (1.0 and 0.4), which propose more branches::
     cd benchmarks && python measure_adapld_rates.py --prior-branch 1.0 --prior-successor 0.4 --out results-issue13/adapld-rates.json
 
 Default prompts: Spec-Bench items 43-44 of summarization and rag, 41-42 of mt_bench, 41 of
-math_reasoning and qa, and code-edit items 32-34 (no benchmark suite uses them).
+math_reasoning and qa, and `code_edit-148`, `-152`, `-160` (the suite's 33rd-35th; `code-edit:4` runs the first four).
 """
 
 from __future__ import annotations
