@@ -56,7 +56,7 @@ def main() -> None:
 
     def counting_observe(self, state, step):
         if state.last is not None:
-            tokens, parents, kinds, keys, *_ = state.last
+            tokens, parents, kinds, keys = state.last.tokens, state.last.parents, state.last.kinds, state.last.keys
             truth = step.new_tokens
             right = [False] * len(tokens)
             for i, p in enumerate(parents):

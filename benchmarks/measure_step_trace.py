@@ -31,6 +31,8 @@ def parse_prompts(spec: str):
     for part in spec.split(";"):
         name, _, span = part.partition("@")
         start, _, stop = span.partition("-")
+        if not (start.isdigit() and stop.isdigit()):
+            raise SystemExit(f"prompt range {part!r} is not TASK@FROM-TO (e.g. summarization@40-42)")
         if name == "code_edit":
             pool = read_prompt_file(DATA_DIR / "code_edit.jsonl", "code-edit")
         else:

@@ -65,7 +65,7 @@ after the best earlier ``3``, if any.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -164,6 +164,20 @@ class AdaPLDConfig:
         return not (self.fallback or self.rerank or self.branches)
 
 
+class Proposal(NamedTuple):
+    """What ``observe`` needs of the last ``propose``: every node built (kept or not), with its
+    kind and ``(n, depth, weight)`` key, the successors left out under the cut
+    (``(branch node, branch token)``), the anchor and the root's position."""
+
+    tokens: list[int]
+    parents: list[int]
+    kinds: list[int]
+    keys: list[tuple[int, int, float]]
+    deferred: list[tuple[int, int]]
+    anchor: int
+    root: int
+
+
 @dataclass
 class AdaPLDState:
     """One sequence's memory: tokens, unit hidden states and the target's top-k per position.
@@ -179,9 +193,7 @@ class AdaPLDState:
     rates: CopyRates  # main copy, by agreement n
     branch_rate: CopyRates
     successor_rate: CopyRates
-    # the last proposal, for observe: tokens, parents, kinds, (n, depth, weight) per node, the
-    # deferred successors' (branch node, branch token), the anchor and the root's position
-    last: tuple[list[int], list[int], list[int], list[tuple[int, int, float]], list[tuple[int, int]], int, int] | None = None
+    last: Proposal | None = None  # the last proposal, for observe
     anchors: dict[str, int] = field(default_factory=lambda: {"lexical": 0, "semantic": 0, "none": 0})
     # [P, H] final hidden states of the prefilled prompt positions (their logits on demand), or None
     prompt_final: torch.Tensor | None = None
@@ -425,7 +437,7 @@ class AdaPLDDrafter(StatelessDrafter):
                     probs.append(p_b * s)
         # a child never beats its parent (rates <= 1), so dropping p < min_prob keeps a tree
         keep = prune(parents, probs, [i for i in range(len(tokens)) if probs[i] >= cfg.min_prob], budget, cfg.row_cost)
-        state.last = (tokens, parents, kinds, keys, deferred, a, t)
+        state.last = Proposal(tokens, parents, kinds, keys, deferred, a, t)
         return Draft(source=self.name, tokens=tokens, parents=parents, scores=probs).subset(keep)
 
     def successor(self, state: AdaPLDState, mem: np.ndarray, branch: int, anchor: int, t: int) -> int | None:
@@ -442,12 +454,12 @@ class AdaPLDDrafter(StatelessDrafter):
     def observe(self, state: AdaPLDState, step: StepResult) -> None:
         """Extend the memory with the verified rows' hidden states and top-k; learn the rates."""
         truth = step.new_tokens
-        if state.last is not None and len(truth) >= 2:
+        last = state.last
+        if last is not None and len(truth) >= 2:
             # successors left out of the tree (below the cut) of branches that were right
-            *_, deferred, anchor, t = state.last
-            for node, b in deferred:
+            for _, b in last.deferred:
                 if b == truth[0]:
-                    succ = self.successor(state, state.tokens, b, anchor, t)
+                    succ = self.successor(state, state.tokens, b, last.anchor, last.root)
                     if succ is not None:
                         state.successor_rate.record(1, 1, succ == truth[1])
         if not self.config.lexical_only:
@@ -458,9 +470,9 @@ class AdaPLDDrafter(StatelessDrafter):
             ids, probs = _top(step.logits[idx], self.top_k)
             state.append_rows(_unit(step.hidden[idx.to(step.hidden.device)]), ids, probs)
         state.sync(step.context)
-        if state.last is None:
+        if last is None:
             return
-        tokens, parents, kinds, keys, *_ = state.last
+        tokens, parents, kinds, keys = last.tokens, last.parents, last.kinds, last.keys
         state.last = None
         right = [False] * len(tokens)
         for i, p in enumerate(parents):
