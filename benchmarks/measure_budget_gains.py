@@ -143,6 +143,7 @@ def main() -> None:
         "model": args.model, "draft_model": args.draft_model, "draft_quant": args.draft_quant, "dtype": str(base.target.dtype).replace("torch.", ""), "preset": "cpu",
         "extend": get_preset("cpu").extend,  # derived_budget refuses draft-model trees extended otherwise
         "stop_min": get_preset("cpu").stop_min,  # ... or stopped early otherwise
+        "expand": get_preset("cpu").expand,  # ... or expanding another number of nodes per layer
         "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens, "greedy": True, "measured": time.strftime("%Y-%m-%d"),
         "what": "per budget, over every prompt: steps, tokens emitted, nodes verified, drafting seconds; plain_step_s: "
                 "the target's one-row forward as `specgraft profile` measures T(1, 1), on the machine that measured",

@@ -138,6 +138,8 @@ def test_method_budget_uses_the_table_where_it_applies(tmp_path):
         # another extension or early stop than the gains were measured with
         ("graft", MethodOptions(cost_table=cpu, graft=dataclasses.replace(unextended, extend=unextended.extend + 1))),
         ("draft-tree", MethodOptions(cost_table=cpu, graft=dataclasses.replace(unextended, stop_min=0.5 - unextended.stop_min / 2))),
+        # ... or another number of nodes expanded per layer
+        ("draft-tree", MethodOptions(cost_table=cpu, graft=dataclasses.replace(unextended, expand=1))),
         ("graft-prune", MethodOptions(cost_table=cpu, graft=GraftOptions(calibration="benchmarks/calib/graft-int8.json"))),
     ]:
         assert derived_budget(name, options) is None

@@ -324,16 +324,38 @@ def test_early_stop_skips_the_layers_under_an_unlikely_path():
         DraftTreeConfig(stop_min=-0.1)
 
 
+def test_narrow_expansion_feeds_one_row_per_layer():
+    # after t: t + 1 at 0.7, t + 2 at 0.3. top_k 2 children per node; expand 1: only the best
+    # node of each layer is fed, so layers 2.. have the best node's two children only
+    lm = TableLM(chain_table({t: 0.7 for t in range(16)}), 16)
+    narrow = DraftModelDrafter(lm, DraftTreeConfig(depth=3, top_k=2, expand=1))
+    pool = narrow.draft_pool(begin(narrow, [0]), [0])
+    assert pool.tokens == [1, 2, 2, 3, 3, 4]
+    assert pool.parents == [-1, -1, 0, 0, 2, 2]
+    assert pool.layer_sizes == [2, 2, 2]
+    assert [len(p) for p in lm.last_paths] == [3], "the last forward fed one row (the best of layer 2)"
+    assert lm.last_paths == [(0, 1, 2)]
+    wide = DraftModelDrafter(lm, DraftTreeConfig(depth=3, top_k=2))  # EAGLE-2: expand = top_k
+    pool = wide.draft_pool(begin(wide, [0]), [0])
+    assert pool.layer_sizes == [2, 4, 4] and len(lm.last_paths) == 2
+    # the narrow tree is the wide one's best nodes along its best path, with the same scores
+    assert trim(narrow.draft_pool(begin(narrow, [0]), [0]), 3).tokens == trim(pool, 3).tokens
+    with pytest.raises(ValueError, match="expand must be an integer >= 1"):
+        DraftTreeConfig(expand=0)
+
+
+@pytest.mark.parametrize("expand", [None, 1], ids=["wide", "narrow"])
 @pytest.mark.parametrize("arch", sorted(TINY_MODELS))
-def test_early_stopped_draft_tree_greedy_equals_plain_decoding(arch):
+def test_early_stopped_draft_tree_greedy_equals_plain_decoding(arch, expand):
     """Early stop on (tiny random models are unconfident, so a small bound stops most trees
-    after one or two layers): greedy outputs equal plain decoding, single and batched."""
+    after one or two layers), expanding ``top_k`` nodes per layer or one: greedy outputs equal
+    plain decoding, single and batched."""
     model = TINY_MODELS[arch]()
     draft = perturbed(model, scale=0.02)
     target = HFTarget(model)
-    options = GraftOptions(depth=3, top_k=2, extend=4, extend_min=0.0, stop_min=0.02)
+    options = GraftOptions(depth=3, top_k=2, expand=expand, extend=4, extend_min=0.0, stop_min=0.02)
     drafters, composer = build_graft_method("draft-tree", target, options, draft_model=draft)
-    assert drafters[0].config.stop_min == 0.02
+    assert drafters[0].config.stop_min == 0.02 and drafters[0].config.expand == expand
     engine = SpecEngine(target, drafters, composer, method="draft-tree")
     config = GenerationConfig(max_new_tokens=MAX_NEW, budget=8)
     prompts = make_prompts(N_PROMPTS, model.config.vocab_size)

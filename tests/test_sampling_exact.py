@@ -253,9 +253,9 @@ def assert_exact(law: StepLaw, what: str) -> None:
 class Sampled:
     """A sampling drafter and one sequence's state: ``propose(budget)`` drafts at ``PROMPT``."""
 
-    def __init__(self, depth: int, top_k: int, checkpoints=(), thresholds=None, seed: int = 5, support: Sequence[int] = (2,)):
+    def __init__(self, depth: int, top_k: int, checkpoints=(), thresholds=None, seed: int = 5, support: Sequence[int] = (2,), expand: int | None = None):
         self.lm = TableLM(draft_logits(seed, support), V)
-        config = DraftTreeConfig(depth=depth, top_k=top_k, checkpoints=checkpoints, thresholds=thresholds, sample=True)
+        config = DraftTreeConfig(depth=depth, top_k=top_k, checkpoints=checkpoints, thresholds=thresholds, sample=True, expand=expand)
         self.drafter = DraftModelDrafter(self.lm, config)
         self.state = begin(self.drafter, PROMPT, GENERATION)
 
@@ -263,8 +263,8 @@ class Sampled:
         return self.drafter.propose(self.state, list(PROMPT), budget)
 
 
-def drafter(depth: int, top_k: int, checkpoints=(), thresholds=None, seed: int = 5, support: Sequence[int] = (2,)) -> Sampled:
-    return Sampled(depth, top_k, checkpoints, thresholds, seed, support)
+def drafter(depth: int, top_k: int, checkpoints=(), thresholds=None, seed: int = 5, support: Sequence[int] = (2,), expand: int | None = None) -> Sampled:
+    return Sampled(depth, top_k, checkpoints, thresholds, seed, support, expand)
 
 
 def matrix(k: int = 2, seed: int = 3) -> SuccessorMatrix:
@@ -354,6 +354,15 @@ def test_ungated_variants_are_exact(variant, budget):
     law = exact_step(graft_maker(variant, budget, drafter(3, 2)))
     assert law.rules["rejection"] > 0
     assert_exact(law, f"{variant}, budget {budget}")
+
+
+@pytest.mark.parametrize("budget", [4, 8])
+def test_narrow_sampled_tree_is_exact(budget):
+    """One node expanded per layer (``expand=1``), chosen by the drawn children's scores: that
+    choice only decides whose children are drawn next, never how many a node keeps."""
+    law = exact_step(graft_maker("draft-tree", budget, drafter(3, 2, expand=1)))
+    assert law.rules["rejection"] > 0
+    assert_exact(law, f"draft-tree expanding one node per layer, budget {budget}")
 
 
 @pytest.mark.parametrize("budget", [2, 3, 6])

@@ -77,6 +77,18 @@ no calibration. Worked example, ``stop_min = 0.35``, top-k 1: layer 1 at ``q = 0
 at ``0.9 * 0.5 = 0.45``, layer 3 at ``0.225 < 0.35``: three forwards instead of four plus the
 extension. Top-k drafting only (sampled children lists must not depend on the drawn values).
 
+**Narrow expansion** (``expand``, off by default; EAGLE-2 expands as many nodes per layer as
+each keeps children, ``top_k``). With ``expand = 1`` each deeper layer feeds only the best node
+of the layer before (by path score), whose ``top_k`` children form the next layer: the tree is
+the draft's best path with ``top_k - 1`` siblings at every depth, and every draft forward is one
+row. Worked example, ``top_k = 2``: root children ``a .7, b .3``; only ``a`` is fed, children
+``c .49, d .21``; only ``c`` is fed, and so on: two nodes a layer instead of up to four. Measured
+on the 2-core Zen 3 (``benchmarks/RESULTS.md``, *Narrow expansion*): on six short answers it
+verified 14% fewer nodes in 7% more steps (with the early stop at 0.5: 22-24% fewer in 11-14%
+more), and inside a generation a one-row int8 draft forward costs 58 ms against 64 ms for two;
+timed, it did not pay there (alone -5%; with the stop at 0.5 -5% and +7% in two runs of short
+answers, level on the tuning prompts), so it stays off.
+
 **Sampling mode** (``sample=True``, in a sampling generation). Each expanded node's children
 are the distinct values of ``top_k`` i.i.d. draws from ``q``, the draft's distribution shaped
 by the generation's own sampling config (temperature, top-k, top-p: ``verify.target_probs``,
@@ -145,7 +157,11 @@ class DraftTreeConfig:
     depth: int = 4
     """Draft layers, i.e. draft forwards per step (the root forward makes layer 1)."""
     top_k: int = 2
-    """Children per expanded node, and nodes expanded per layer (EAGLE-2's top-k)."""
+    """Children per expanded node, and (unless ``expand`` says otherwise) nodes expanded per
+    layer (EAGLE-2's top-k)."""
+    expand: int | None = None
+    """Nodes expanded per layer, the layer's best by path score (module docstring, *Narrow
+    expansion*); None = ``top_k`` (EAGLE-2). Each deeper layer's draft forward feeds this many rows."""
     checkpoints: tuple[int, ...] = ()
     """Depths ``d`` after which the confidence ``c_d`` is checked (0 = the root step); each must be < depth."""
     thresholds: tuple[float, ...] | None = None
@@ -185,6 +201,8 @@ class DraftTreeConfig:
             raise ValueError(f"stop_min must lie in [0, 1], got {self.stop_min}")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.expand is not None and (not isinstance(self.expand, int) or self.expand < 1):
+            raise ValueError(f"expand must be an integer >= 1 (or None: top_k), got {self.expand!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0 (an offset from the sampling seed), got {self.seed!r}")
         if list(self.checkpoints) != sorted(set(self.checkpoints)) or any(d < 0 for d in self.checkpoints):
@@ -213,6 +231,8 @@ class DraftPreset:
     """Extension forwards past ``depth`` (``DraftTreeConfig.extend``)."""
     stop_min: float = 0.0
     """Early stop of the tree's layers (``DraftTreeConfig.stop_min``)."""
+    expand: int | None = None
+    """Nodes expanded per layer (``DraftTreeConfig.expand``; None = ``top_k``)."""
 
 
 PRESETS: dict[str, DraftPreset] = {
@@ -587,7 +607,8 @@ class DraftModelDrafter(StatelessDrafter):
             # EAGLE-2: expand the top_k nodes of the layer by path score (ties: the earlier node)
             flat = scores.flatten()
             order = torch.sort(flat, descending=True, stable=True).indices
-            take = cfg.top_k if q is None else min(cfg.top_k, int(kept.sum()))  # sampled: never a duplicate
+            width = cfg.top_k if cfg.expand is None else cfg.expand
+            take = min(width, m * k) if q is None else min(width, int(kept.sum()))  # sampled: never a duplicate
             order = order[:take]
             out = yield _Rows(kids.flatten()[order], frontier_rows[order // k])
             frontier_rows = rows_fed + torch.arange(take, device=dev)

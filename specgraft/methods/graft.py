@@ -65,6 +65,9 @@ class GraftOptions:
     """Override the preset's draft depth (draft forwards per step)."""
     top_k: int | None = None
     """Override the preset's top-k."""
+    expand: int | None = None
+    """Override the nodes the tree expands per layer (``DraftTreeConfig.expand``; the preset's
+    when None, and ``top_k`` when the preset gives none)."""
     extend: int | None = None
     """Override the preset's extension: one-row draft forwards that continue the best path past
     the depth while the draft stays confident (``DraftTreeConfig.extend``; 0 = off)."""
@@ -321,6 +324,7 @@ def build_graft_method(
     draft_config = DraftTreeConfig(
         depth=options.depth or preset.depth,
         top_k=options.top_k or preset.top_k,
+        expand=preset.expand if options.expand is None else options.expand,
         extend=preset.extend if options.extend is None else options.extend,
         **({} if options.extend_min is None else {"extend_min": options.extend_min}),
         stop_min=preset.stop_min if options.stop_min is None else options.stop_min,

@@ -292,7 +292,7 @@ def derived_budget(name: str, options: MethodOptions):
         stop_min = preset.stop_min if g.stop_min is None else g.stop_min
         if g.calibration or g.depth or g.top_k or g.preset != meta.get("preset", "cpu") or extend != meta.get("extend", 0):
             return None
-        if stop_min != meta.get("stop_min", 0.0):
+        if stop_min != meta.get("stop_min", 0.0) or (preset.expand if g.expand is None else g.expand) != meta.get("expand"):
             return None
     return derive_budget(name, CostTable.load(options.cost_table), table=Path(options.cost_table).name, anchor=fixed_budget(name, options))
 
