@@ -26,8 +26,9 @@ target(k + 1))``, with ``p`` the node's acceptance estimated from its draft path
 Two limits, both measured (``benchmarks/RESULTS.md``, *Narrow expansion*): the pools come from
 two-row draft forwards, and the int8 draft's dynamically quantized activations share one scale
 per forward, so a one-row rule's real drafts differ a little (steps matched real runs within 1-3
-of 59-127); and the cost curve is the weak part: replayed with the same forwards' costs timed
-alone, ``top1:stop=0.5`` was predicted +7% where real runs gave +7% and -5%.
+of 59-127); and the cost curve is the weak part: ``top1:stop=0.5`` was predicted +7% on short
+answers (with the curve timed alone and with the one timed in the pipeline) where two timed runs
+gave +7% and -5%.
 """
 
 from __future__ import annotations
