@@ -43,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specgraft.tree.paths import best_first_order  # noqa: E402
+from specgraft.types import reindex  # noqa: E402
 
 EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 0.9, 1.01)
 # Zen 3 (AMD EPYC family 25 model 1), 2 threads, 1.5B fp32 target and int8 0.5B draft, timed
@@ -62,23 +63,34 @@ def bucket(p: float) -> int:
     return len(EDGES) - 2
 
 
-def depths(parents: list[int]) -> list[int]:
-    out: list[int] = []
-    for p in parents:
-        out.append(1 if p < 0 else out[p] + 1)
-    return out
+def layer_of(sizes: list[int]) -> list[int]:
+    """Each pool node's layer (1-based; the chain's nodes are layers of one node after the tree's)."""
+    return [d for d, n in enumerate(sizes, start=1) for _ in range(n)]
 
 
-def accepted_path(tokens, parents, keep, reference, start) -> int:
-    """How many of the kept nodes the target accepts: the longest kept path spelling reference[start:]."""
+def accepted_path(tokens, parents, keep, reference, start) -> list[int]:
+    """The kept nodes the target accepts: the longest kept path spelling ``reference[start:]``."""
     keep = set(keep)
-    node, n = -1, 0
-    while start + n < len(reference):
-        nxt = next((i for i in keep if parents[i] == node and tokens[i] == reference[start + n]), None)
+    path: list[int] = []
+    while start + len(path) < len(reference):
+        node = path[-1] if path else -1
+        nxt = next((i for i in keep if parents[i] == node and tokens[i] == reference[start + len(path)]), None)
         if nxt is None:
             break
-        node, n = nxt, n + 1
-    return n
+        path.append(nxt)
+    return path
+
+
+def best_of_nodes(parents, scores, nodes: list[int], n: int) -> list[int]:
+    """The ``n`` best of ``nodes`` (ascending, closed under parents) by path score, best first."""
+    return [nodes[j] for j in best_first_order(reindex(parents, nodes), [scores[i] for i in nodes], n)]
+
+
+def stop_layer(scores, layers: list[int], nodes, stop: float, tree_layers: int) -> int | None:
+    """The first layer ``d < tree_layers`` whose best node of ``nodes`` has a path probability under ``stop`` (None: none)."""
+    if stop <= 0:
+        return None
+    return next((d for d in range(1, tree_layers) if max(math.exp(scores[i]) for i in nodes if layers[i] == d) < stop), None)
 
 
 def parse_rule(text: str) -> dict:
@@ -110,18 +122,18 @@ def narrowed(pool) -> tuple[list[int], int] | None:
     pool lacks a child the narrow tree would draft (its best node was not expanded there)."""
     tokens, parents, scores, sizes, chain = pool
     tree_layers = len(sizes) - chain
-    layer_of = [d for d, n in enumerate(sizes, start=1) for _ in range(n)]
+    layers = layer_of(sizes)
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents):
         children.setdefault(p, []).append(i)
     nodes, cur = [], -1
     for d in range(1, tree_layers + 1):
-        kids = [i for i in children.get(cur, []) if layer_of[i] == d]
+        kids = [i for i in children.get(cur, []) if layers[i] == d]
         if not kids:
             return None
         nodes += kids
         cur = max(kids, key=lambda i: scores[i])
-    chain_nodes = [i for i, l in enumerate(layer_of) if l > tree_layers]
+    chain_nodes = [i for i, l in enumerate(layers) if l > tree_layers]
     if chain_nodes and parents[chain_nodes[0]] == cur:
         return nodes + chain_nodes, len(chain_nodes)
     return nodes, 0
@@ -144,34 +156,17 @@ def drafted(pool, stop: float, top_k: int = 2, top1: bool = False, ext: float = 
         pool = [tokens[:keep_n], parents[:keep_n], scores[:keep_n], sizes[: len(sizes) - (chain - cut_chain)], cut_chain]
         tokens, parents, scores, sizes, chain = pool
     tree_layers = len(sizes) - chain
-    layer_of = [d for d, n in enumerate(sizes, start=1) for _ in range(n)]
-    if top1:
-        narrow = narrowed(pool)
-        if narrow is not None:
-            nodes, kept_chain = narrow
-            stop_at = None
-            if stop > 0:
-                for d in range(1, tree_layers):
-                    if max(math.exp(scores[i]) for i in nodes if layer_of[i] == d) < stop:
-                        stop_at = d
-                        break
-            if stop_at is None:
-                return nodes, [1] * (tree_layers + kept_chain)
-            return [i for i in nodes if layer_of[i] <= stop_at], [1] * stop_at
-    stop_at = None
-    if stop > 0:
-        for d in range(1, tree_layers):
-            best = max(math.exp(s) for s, l in zip(scores, layer_of) if l == d)
-            if best < stop:
-                stop_at = d
-                break
-    if stop_at is None:
-        nodes = list(range(len(tokens)))
-        forwards = [1] + [top_k] * (tree_layers - 1) + [1] * chain
+    layers = layer_of(sizes)
+    narrow = narrowed(pool) if top1 else None
+    if narrow is not None:
+        nodes, kept_chain = narrow
+        width = 1
     else:
-        nodes = [i for i, l in enumerate(layer_of) if l <= stop_at]
-        forwards = [1] + [top_k] * (stop_at - 1)
-    return nodes, forwards
+        nodes, kept_chain, width = list(range(len(tokens))), chain, top_k
+    stop_at = stop_layer(scores, layers, nodes, stop, tree_layers)
+    if stop_at is None:
+        return nodes, [1] + [width] * (tree_layers - 1) + [1] * kept_chain
+    return [i for i in nodes if layers[i] <= stop_at], [1] + [width] * (stop_at - 1)
 
 
 def token_probs(parents: list[int], scores: list[float]) -> list[float]:
@@ -188,12 +183,12 @@ def drafted_by_token(pool, tok: float, ext: float | None, chain_cap: int, chaino
     siblings), as HF's assisted generation verifies one chain."""
     tokens, parents, scores, sizes, chain = pool
     tree_layers = len(sizes) - chain
-    layer_of = [d for d, n in enumerate(sizes, start=1) for _ in range(n)]
+    layers = layer_of(sizes)
     tp = token_probs(parents, scores)
-    best_of = {d: max((i for i, l in enumerate(layer_of) if l == d), key=lambda i: scores[i]) for d in range(1, len(sizes) + 1)}
+    best_of = {d: max((i for i, l in enumerate(layers) if l == d), key=lambda i: scores[i]) for d in range(1, len(sizes) + 1)}
     stop_at = next((d for d in range(1, tree_layers) if tp[best_of[d]] < tok), None)
     last = stop_at or tree_layers
-    nodes = [i for i, l in enumerate(layer_of) if l <= last]
+    nodes = [i for i, l in enumerate(layers) if l <= last]
     forwards = [1] + [top_k] * (last - 1)
     if stop_at is None:
         feed = best_of[tree_layers]
@@ -205,7 +200,7 @@ def drafted_by_token(pool, tok: float, ext: float | None, chain_cap: int, chaino
             forwards.append(1)
             feed = node
     if chainonly:
-        leaf = max(nodes, key=lambda i: (layer_of[i], scores[i]))
+        leaf = max(nodes, key=lambda i: (layers[i], scores[i]))
         path = []
         while leaf >= 0:
             path.append(leaf)
@@ -222,13 +217,8 @@ def fit_rates(records) -> list[float]:
         for i, pool in enumerate(rec["pools"]):
             tokens, parents, scores, _, _ = pool
             nodes, _ = drafted(pool, 0.35)
-            keep = [nodes[j] for j in best_first_order([parents[n] if parents[n] < 0 else nodes.index(parents[n]) for n in nodes], [scores[n] for n in nodes], 8)]
-            acc = accepted_path(tokens, parents, keep, ref, i)
-            on_path = set()
-            node = -1
-            for n in range(acc):
-                node = next(j for j in keep if parents[j] == node and tokens[j] == ref[i + n])
-                on_path.add(node)
+            keep = best_of_nodes(parents, scores, nodes, 8)
+            on_path = set(accepted_path(tokens, parents, keep, ref, i))
             for j in keep:
                 b = bucket(min(math.exp(scores[j]), 1.0))
                 counts[b][0] += 1
@@ -268,8 +258,7 @@ def simulate(records, rule: dict, rates: list[float] | None, target_ms: dict, dr
                 first_chain = sum(sizes[: len(sizes) - chain])
                 chain_part = [n for n in nodes if n >= first_chain]
                 nodes = [n for n in nodes if n < first_chain]
-            sub_parents = [parents[n] if parents[n] < 0 else nodes.index(parents[n]) for n in nodes]
-            order = [nodes[j] for j in best_first_order(sub_parents, [scores[n] for n in nodes], rule["budget"])]
+            order = best_of_nodes(parents, scores, nodes, rule["budget"])
             if chain_part and parents[chain_part[0]] in order:
                 order += chain_part
             d_ms = sum(draft_ms[min(r, max(draft_ms))] for r in forwards) + step_ms
@@ -283,7 +272,7 @@ def simulate(records, rule: dict, rates: list[float] | None, target_ms: dict, dr
                     if value > best:
                         best_k, best = k, value
                 order = order[:best_k]
-            acc = accepted_path(tokens, parents, order, ref, i)
+            acc = len(accepted_path(tokens, parents, order, ref, i))
             emitted = min(acc + 1, len(ref) - i)
             total["tokens"] += emitted
             total["steps"] += 1
