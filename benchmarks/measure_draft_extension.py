@@ -29,13 +29,18 @@ def parse_variant(text: str) -> tuple[str, dict, int | None]:
 
     >>> parse_variant("graft-prune:extend=8:extend_min=0.3:budget=12")
     ('graft-prune', {'extend': 8, 'extend_min': 0.3}, 12)
+    >>> parse_variant("draft-tree:draft_quant=int8-tensor")
+    ('draft-tree', {'draft_quant': 'int8-tensor'}, None)
     """
     method, *pairs = text.split(":")
     overrides: dict = {}
     budget = None
     for pair in pairs:
         key, _, value = pair.partition("=")
-        number = float(value) if "." in value else int(value)
+        try:
+            number = float(value) if "." in value else int(value)
+        except ValueError:  # a name, e.g. draft_quant=int8-tensor
+            number = value
         if key == "budget":
             budget = int(number)
         else:

@@ -13,7 +13,14 @@ prompts: the tuning prompts no benchmark uses (Spec-Bench items 41+ of ``--tasks
     python benchmarks/measure_short_answers.py --tasks translation,qa --per-task 3 \\
         --variants draft-tree,draft-tree:stop_min=0.35,graft-prune --out benchmarks/results-extension/short-answers.json
 
-A variant is ``METHOD[:key=value...]`` as in ``measure_draft_extension.py``.
+A variant is ``METHOD[:key=value...]`` as in ``measure_draft_extension.py``; a variant with
+``draft_quant=NAME`` drafts with the draft model in those numerics (loaded once more), and
+``--hf-quants auto,int8-tensor`` gives HF's assistant each of those drafts (rows ``hf-assisted``
+and ``hf-assisted[int8-tensor]``), e.g. to compare the int8 draft's row groups with one scale per
+call::
+
+    python benchmarks/measure_short_answers.py --per-task 6 --hf-quants auto,int8-tensor \
+        --variants draft-tree,draft-tree:draft_quant=int8-tensor --out benchmarks/results-extension/row-groups-zen3.json
 """
 
 from __future__ import annotations
@@ -40,13 +47,19 @@ def main() -> None:
     parser.add_argument("--variants", default="draft-tree,graft-prune")
     parser.add_argument("--calibration", default="benchmarks/calib/graft-int8.json", help="For the gated (graft*) variants.")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--hf-quants", default="auto", help="Draft numerics HF's assistant runs with, one row each (the first: --draft-quant's).")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     prompts = task_tuning_prompts(args.per_task, args.tasks.split(","))
     base = load_base(args)
     graft = base.options.graft
-    draft = load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=args.draft_quant)
+    def draft_in(quant: str):
+        return load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=quant)
+
+    draft = draft_in(args.draft_quant)
+    hf_quants = args.hf_quants.split(",")
+    drafts = {q: draft if i == 0 else draft_in(q) for i, q in enumerate(hf_quants)}
 
     count = {"target_forwards": 0, "target_rows": 0, "draft_forwards": 0, "draft_rows": 0}
 
@@ -58,7 +71,8 @@ def main() -> None:
         return hook
 
     base.model.register_forward_pre_hook(counter("target"), with_kwargs=True)
-    draft.register_forward_pre_hook(counter("draft"), with_kwargs=True)
+    for model in drafts.values():
+        model.register_forward_pre_hook(counter("draft"), with_kwargs=True)
     trace: list[tuple] = []
     plain_observe = DraftModelDrafter.observe
 
@@ -68,12 +82,16 @@ def main() -> None:
         return plain_observe(self, state, step)
 
     DraftModelDrafter.observe = observe
-    hf = HFPeer("hf-assisted", base.model, sorted(base.engine.eos_token_ids), args.max_new_tokens, 0.0, 0, assistant_model=draft)
+    hfs = {
+        "hf-assisted" if i == 0 else f"hf-assisted[{q}]": HFPeer("hf-assisted", base.model, sorted(base.engine.eos_token_ids), args.max_new_tokens, 0.0, 0, assistant_model=model)
+        for i, (q, model) in enumerate(drafts.items())
+    }
     variants = []
     for text in args.variants.split(","):
         method, overrides, budget = parse_variant(text)
         options = dataclasses.replace(graft, calibration=args.calibration if method.startswith("graft") else None, **overrides)
-        variants.append((text, budget, base.with_method(method, MethodOptions(graft=options, cost_table=None), draft_model=draft)))
+        model = draft_in(overrides["draft_quant"]) if "draft_quant" in overrides else draft
+        variants.append((text, budget, base.with_method(method, MethodOptions(graft=options, cost_table=None), draft_model=model)))
 
     def run(dec, ids, budget=None, tokens=args.max_new_tokens):
         trace.clear()
@@ -83,18 +101,19 @@ def main() -> None:
     for _, budget, dec in variants:
         run(dec, warm, budget, tokens=8)
     run(base, warm, tokens=8)
-    hf.run(warm, 8)
+    for hf in hfs.values():
+        hf.run(warm, 8)
     rows = []
     for i, p in enumerate(prompts):
         ids = base.encode(p.turns[0], chat=p.chat)
         ar_first, ref = run(base, ids)
         timed = {}
-        order = [("hf-assisted", None, None), *variants]
+        order = [*((name, None, None) for name in hfs), *variants]
         for name, budget, dec in order if i % 2 == 0 else order[::-1]:
             if dec is None:
                 for k in count:
                     count[k] = 0
-                r = hf.run(ids)
+                r = hfs[name].run(ids)
                 timed[name] = {"seconds": r.time_s, "exact": r.tokens == ref.tokens, "new_tokens": len(r.tokens), **count}
                 continue
             seconds, out = run(dec, ids, budget)

@@ -64,7 +64,7 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
         (["--method", "draft-tree", "--preset", "tpu"], "unknown draft preset 'tpu'; choose one of cpu, gpu"),
         (["--method", "draft-tree", "--draft-depth", "0"], "depth must be an integer >= 1, got 0"),
         (["--method", "draft-tree", "--draft-model", "DRAFT", "--draft-quant", "int4"],
-         "unknown draft quantization 'int4'; choose one of auto, none, int8, bf16, fp16"),
+         "unknown draft quantization 'int4'; choose one of auto, none, int8, int8-tensor, bf16, fp16"),
         (["--method", "graft", "--draft-model", "DRAFT", "--calibration", "missing.json"],
          "calibration file 'missing.json' does not exist; write one with `specgraft calibrate`"),
     ],

@@ -35,7 +35,7 @@ def draft_quant_option() -> typer.models.OptionInfo:
     return typer.Option(
         "auto", "--draft-quant",
         help="Numerics of the draft model only (outputs stay the target's): auto (int8 on CPU, bf16 on a GPU), "
-        "int8, bf16, fp16 or none (the draft in --dtype).",
+        "int8, int8-tensor (one activation scale per call, for comparisons), bf16, fp16 or none (the draft in --dtype).",
     )
 
 

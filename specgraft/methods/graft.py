@@ -220,7 +220,7 @@ def check_calibration_budget(variant: str, options: GraftOptions, budget: int) -
 
 #: A calibration's recorded ``draft_quant`` -> what its draft computed in (``none``: the draft's
 #: dtype, float32 wherever calibrations have been made so far: CPUs without native bf16)
-_QUANT_NUMERICS = {"int8": "int8", "bf16": "bfloat16", "fp16": "float16", "none": "float32"}
+_QUANT_NUMERICS = {"int8": "int8", "int8-tensor": "int8", "bf16": "bfloat16", "fp16": "float16", "none": "float32"}
 
 
 def calibration_numerics_warning(calibration: Calibration, numerics: str, path: str | None = None) -> str | None:

@@ -34,8 +34,9 @@ def load_draft_model(
     """Load (or reuse, while loaded) a draft model by catalog name, directory or hub id, with the
     same loader and CPU kernels as the target (:func:`specgraft.models.hf.load_causal_lm`).
 
-    ``quant`` (``auto``, ``none``, ``int8``, ``bf16``, ``fp16``: :mod:`specgraft.models.quant`)
-    picks the draft's numerics; ``none`` keeps ``dtype``. ``int8`` loads in float32 with plain
+    ``quant`` (``auto``, ``none``, ``int8``, ``int8-tensor``, ``bf16``, ``fp16``:
+    :mod:`specgraft.models.quant`) picks the draft's numerics; ``none`` keeps ``dtype``. ``int8``
+    (and ``int8-tensor``) loads in float32 with plain
     linears, quantizes them, then applies the oneDNN swap to whatever stayed fp32 (nothing in
     the catalog models), so quantized linears are never repacked in fp32.
 
@@ -49,7 +50,7 @@ def load_draft_model(
 
     from specgraft.models.hf import load_causal_lm, parse_dtype
     from specgraft.models.kernels import use_onednn_linears
-    from specgraft.models.quant import draft_load_dtype, quantize_int8_dynamic, resolve_draft_quant
+    from specgraft.models.quant import INT8_QUANTS, draft_load_dtype, quantize_int8_dynamic, resolve_draft_quant
     from specgraft.models.resolve import load_errors, resolve_model
 
     quant = resolve_draft_quant(quant, device)
@@ -63,9 +64,9 @@ def load_draft_model(
     model = _loaded_models.get(key)
     if model is None:
         with load_errors(name, "draft model"):
-            model = load_causal_lm(path, resolved, device, fast_kernels=quant != "int8")
-        if quant == "int8":
-            quantize_int8_dynamic(model)
+            model = load_causal_lm(path, resolved, device, fast_kernels=quant not in INT8_QUANTS)
+        if quant in INT8_QUANTS:
+            quantize_int8_dynamic(model, row_groups=quant == "int8")
             use_onednn_linears(model)
         _loaded_models[key] = model
     return model

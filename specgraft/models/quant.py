@@ -8,8 +8,12 @@ module is applied to draft models only (``models/loading.py``); the target is ne
 - ``bf16`` / ``fp16``: the draft loaded in that dtype. On CPUs without native bf16 (AVX2) both are
   emulated and slower than fp32 (``benchmarks/README.md``); on a GPU bf16 is the natural choice.
 - ``int8``: every ``nn.Linear`` (lm_head included) quantized dynamically: int8 weights (one scale
-  per output channel), activations quantized per call with a per-tensor scale, int32
-  accumulation (fbgemm/oneDNN's ``quantized::linear_dynamic``). CPU only.
+  per output channel), activations quantized per call, int32 accumulation (fbgemm/oneDNN's
+  ``quantized::linear_dynamic``), with the rows of a long input grouped by scale
+  (:class:`RowGroupedDynamicLinear`, below). CPU only.
+- ``int8-tensor``: the same int8 linears with one activation scale per call whatever its rows
+  (torch.ao's ``quantize_dynamic`` as it ships; the ``int8`` of before row groups), kept for
+  comparisons.
 - ``auto``: ``int8`` on CPU (``none`` where torch has no quantized engine), ``bf16`` on a GPU
   (:data:`AUTO`). On this project's AVX2 CPU an int8 draft forward costs 2.4x less than fp32
   (62.8 against 153 ms for the 0.5B in the calibration runs); it loses 3-7% of MAT (graft-prune
@@ -33,6 +37,24 @@ would make the draft slower than fp32. ``quantize_dynamic`` still ships (depreca
 warnings that this module silences) and calls fbgemm/oneDNN's fused int8 GEMM; revisit when
 torchao's eager x86 path does.
 
+Why rows are grouped by scale: the fused op quantizes its whole input with one scale, and a
+draft prefills its prompt in one forward whose first tokens (the attention sinks: Qwen2.5's first
+one or two positions, above all at the MLP's down projection) carry activations one to three
+orders of magnitude above the rest, so every other row of the prompt is quantized with a few of
+its 7 bits. Teacher-forced over the 12 short answers of ``benchmarks/RESULTS.md`` (309
+positions, one row per forward after the prefill), the 0.5B int8 draft's top-1 against the 1.5B
+target's next token was 67.3% with one scale per call (``int8-tensor``), 74.1% with row groups
+(fp32 draft: 75.4%; *Row-grouped int8 activations* in RESULTS), and ``draft-tree`` took 100
+steps instead of 114. Quantizing every row apart would call the op once per row; a per-token
+int8 GEMM in eager mode (``torch._int_mm``: 164 ms for 80 x 896 x 4864 against 3 ms for the
+fused op) or torchao's decomposed path (above) is far slower. Grouping keeps the fused op: the
+rows over :data:`GROUP_RATIO` times the median row's magnitude leave the bulk and get calls of
+their own (:func:`scale_groups`), so a linear makes one call, or two where a sink is in its
+input; a prefill costs ~5% more (4.45 s against 4.25 s for the 12 prompts of 38-133 tokens;
+the linears of a 480-token prefill ~8%). Inputs under :data:`GROUP_MIN_ROWS` rows (tree layers
+and catch-up feeds, whose rows are ordinary tokens) take one call as before: the grouping test
+alone would cost ~10% of a 3-row forward.
+
 Composition with the oneDNN swap (``models/kernels.py``): quantization replaces ``nn.Linear``
 modules by ``torch.ao.nn.quantized.dynamic.Linear`` before the swap, and the swap only touches
 exact ``nn.Linear`` modules, so a quantized linear is never re-swapped or upcast; whatever is
@@ -41,13 +63,23 @@ left in fp32 (none in the catalog models) still gets the prepacked kernel.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import warnings
 
 import torch
 from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 #: Draft numerics by name (``--draft-quant``).
-DRAFT_QUANTS = ("auto", "none", "int8", "bf16", "fp16")
+DRAFT_QUANTS = ("auto", "none", "int8", "int8-tensor", "bf16", "fp16")
+#: The int8 numerics (both draft in int8; ``draft_numerics`` reports either as ``int8``).
+INT8_QUANTS = ("int8", "int8-tensor")
+#: Inputs with at least this many rows are quantized in scale groups (module docstring).
+GROUP_MIN_ROWS = 16
+#: A row whose largest magnitude is over this many times the median row's is quantized apart
+#: from the bulk (with the outliers of its band: :func:`scale_groups`).
+GROUP_RATIO = 8.0
 #: What ``auto`` resolves to, per device type (module docstring: why int8 on CPU).
 AUTO = {"cpu": "int8", "cuda": "bf16"}
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -60,7 +92,7 @@ def check_draft_quant(name: str) -> str:
     'int8'
     >>> check_draft_quant("int4")
     Traceback (most recent call last):
-    ValueError: unknown draft quantization 'int4'; choose one of auto, none, int8, bf16, fp16
+    ValueError: unknown draft quantization 'int4'; choose one of auto, none, int8, int8-tensor, bf16, fp16
     """
     if name not in DRAFT_QUANTS:
         raise ValueError(f"unknown draft quantization {name!r}; choose one of {', '.join(DRAFT_QUANTS)}")
@@ -85,8 +117,8 @@ def resolve_draft_quant(name: str, device: str | torch.device = "cpu") -> str:
         name = AUTO.get(kind, "none")
         if name == "int8" and not int8_available():
             name = "none"
-    if name == "int8" and kind != "cpu":
-        raise ValueError(f"draft quantization int8 runs on CPU only (device {kind!r}); use bf16 or none")
+    if name in INT8_QUANTS and kind != "cpu":
+        raise ValueError(f"draft quantization {name} runs on CPU only (device {kind!r}); use bf16 or none")
     return name
 
 
@@ -97,31 +129,118 @@ def draft_load_dtype(quant: str, dtype: str | torch.dtype) -> str | torch.dtype:
     >>> draft_load_dtype("bf16", "float32"), draft_load_dtype("int8", "auto"), draft_load_dtype("none", "auto")
     ('bfloat16', 'float32', 'auto')
     """
-    if quant == "int8":
+    if quant in INT8_QUANTS:
         return "float32"
     return _DTYPES.get(quant, dtype)
 
 
-def quantize_int8_dynamic(model: nn.Module) -> int:
+def _linear_dynamic(x: torch.Tensor, packed) -> torch.Tensor:
+    """torch.ao's dynamic int8 linear as ``DynamicLinear.forward`` calls it (qint8 weights, version
+    4: activations in 7 bits, ``reduce_range``, so that AVX2's int16 accumulation cannot overflow)."""
+    return torch.ops.quantized.linear_dynamic(x, packed, reduce_range=True)
+
+
+def scale_groups(row_max: torch.Tensor, ratio: float = GROUP_RATIO) -> list[torch.Tensor]:
+    """Row indices in scale groups: the bulk (every row whose largest magnitude is at most
+    ``ratio`` times the median row's) first, then the outliers, grouped by the band
+    ``[median * ratio^k, median * ratio^(k+1))`` they fall in, in increasing order. One group (all
+    rows) when nothing stands out.
+
+    ``row_max``: ``[rows]``, each row's ``max |x|``. The bulk stays one call of the fused op
+    whatever its spread: splitting it costs more than it returns (bands of fixed edges cut a
+    prompt's ordinary rows in two and made a 480-token prefill's linears 20% dearer).
+
+    >>> [g.tolist() for g in scale_groups(torch.tensor([900.0, 3.0, 5.0, 2.5, 70.0, 4.0]))]
+    [[1, 2, 3, 5], [4], [0]]
+    >>> [g.tolist() for g in scale_groups(torch.tensor([3.0, 5.0, 0.5]))]
+    [[0, 1, 2]]
+    """
+    median = row_max.median()
+    outlier = row_max > ratio * median
+    if not bool(outlier.any()):
+        return [torch.arange(len(row_max))]
+    rows = outlier.nonzero().squeeze(1)
+    band = torch.floor(torch.log(row_max[rows] / median) / math.log(ratio))
+    values, inverse = torch.unique(band, return_inverse=True)
+    return [(~outlier).nonzero().squeeze(1), *(rows[inverse == j] for j in range(len(values)))]
+
+
+class RowGroupedDynamicLinear(DynamicLinear):
+    """torch.ao's dynamic int8 linear, with the rows of inputs of :data:`GROUP_MIN_ROWS` rows or
+    more quantized in scale groups (:func:`scale_groups`; module docstring: why).
+
+    Each group is one call of the fused op on its rows, so a row's result is exactly what the op
+    gives that group alone; inputs with fewer rows, or with no outlier row, take one call (the
+    plain module's result, bit for bit). Shapes: ``x [..., in_features]`` ->
+    ``[..., out_features]``, rows = the product of the leading dimensions.
+
+    >>> torch.manual_seed(0) and None
+    >>> linear = RowGroupedDynamicLinear.from_float(_with_qconfig(nn.Linear(64, 32)))
+    >>> x = torch.randn(20, 64); x[0] *= 1000  # one attention-sink-like row
+    >>> exact = x @ linear.weight().dequantize().T + linear.bias()
+    >>> grouped = (linear(x) - exact)[1:].abs().max()
+    >>> one_scale = (_linear_dynamic(x, linear._packed_params._packed_params) - exact)[1:].abs().max()
+    >>> bool(grouped * 20 < one_scale)
+    True
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias_: bool = True, dtype: torch.dtype = torch.qint8) -> None:
+        if dtype != torch.qint8:
+            raise ValueError(f"row groups are for int8 weights (qint8), not {dtype}")
+        super().__init__(in_features, out_features, bias_, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the short path is every decode and tree forward: no more Python than it needs (the
+        # plain module's version and dtype checks and its ``.to`` cost ~15 us a call, ~3% of a
+        # draft forward)
+        packed = self._packed_params._packed_params
+        if x.numel() < GROUP_MIN_ROWS * self.in_features:
+            return _linear_dynamic(x, packed)
+        rows = x.reshape(-1, x.shape[-1])
+        groups = scale_groups(rows.abs().amax(-1), GROUP_RATIO)
+        if len(groups) == 1:
+            return _linear_dynamic(x, packed)
+        out = rows.new_empty(rows.shape[0], self.out_features)
+        for index in groups:
+            out.index_copy_(0, index, _linear_dynamic(rows.index_select(0, index), packed))
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def _with_qconfig(linear: nn.Linear) -> nn.Linear:
+    """``linear`` with the per-channel dynamic qconfig that ``from_float`` reads."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig
+
+    linear.qconfig = per_channel_dynamic_qconfig
+    return linear
+
+
+def quantize_int8_dynamic(model: nn.Module, row_groups: bool = True) -> int:
     """Replace every fp32 ``nn.Linear`` of ``model`` (on CPU, in place) by a dynamically quantized
-    int8 linear; returns how many. Plain ``nn.Linear`` modules only: call before the oneDNN swap."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+    int8 linear (:class:`RowGroupedDynamicLinear`, or torch.ao's per-call scale with
+    ``row_groups=False``); returns how many. Plain ``nn.Linear`` modules only: call before the
+    oneDNN swap."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    with warnings.catch_warnings():
-        # torch.ao.quantization and quantized tensors warn that they are deprecated; this is
-        # still their only fused int8 x86 path on torch 2.13 (module docstring)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
-        quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
+    mapping = {nn.Linear: RowGroupedDynamicLinear if row_groups else DynamicLinear}
+    with _quiet():
+        quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, mapping=mapping, inplace=True)
     return sum(isinstance(m, DynamicLinear) for m in model.modules())
 
 
-def draft_numerics(model: nn.Module) -> str:
-    """What a loaded draft model computes in: ``int8`` if its linears are quantized, else the
-    dtype of its parameters (``float32``, ``bfloat16``, ...), as a run's resolved config records it."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+@contextlib.contextmanager
+def _quiet():
+    """torch.ao.quantization and quantized tensors warn that they are deprecated; this is still
+    their only fused int8 x86 path on torch 2.13 (module docstring)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
+        yield
 
+
+def draft_numerics(model: nn.Module) -> str:
+    """What a loaded draft model computes in: ``int8`` if its linears are quantized (with or
+    without row groups), else the dtype of its parameters (``float32``, ``bfloat16``, ...), as a
+    run's resolved config records it."""
     if any(isinstance(m, DynamicLinear) for m in model.modules()):
         return "int8"
     return str(next(model.parameters()).dtype).removeprefix("torch.")
