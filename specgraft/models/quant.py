@@ -44,7 +44,7 @@ orders of magnitude above the rest, so every other row of the prompt is quantize
 its 7 bits. Teacher-forced over the 12 short answers of ``benchmarks/RESULTS.md`` (309
 positions, one row per forward after the prefill), the 0.5B int8 draft's top-1 against the 1.5B
 target's next token was 67.3% with one scale per call (``int8-tensor``), 74.1% with row groups
-(fp32 draft: 75.4%; *Row-grouped int8 activations* in RESULTS), and ``draft-tree`` took 100
+(fp32 draft: 75.4%; *Row-grouped int8 activations* in RESULTS), and ``draft-tree`` took 100-102
 steps instead of 114. Quantizing every row apart would call the op once per row; a per-token
 int8 GEMM in eager mode (``torch._int_mm``: 164 ms for 80 x 896 x 4864 against 3 ms for the
 fused op) or torchao's decomposed path (above) is far slower. Grouping keeps the fused op: the
