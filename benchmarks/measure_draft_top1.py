@@ -31,6 +31,7 @@ def main() -> None:
 
     from measure_budget_gains import task_tuning_prompts
 
+    from specgraft.bench.runner import conversation_ids
     from specgraft.models.loading import load_draft_model
     from specgraft.models.resolve import resolve_model
 
@@ -50,8 +51,7 @@ def main() -> None:
     prompts = []
     for rec in records:
         p = by_id[rec["prompt"]]
-        text = tokenizer.apply_chat_template([{"role": "user", "content": p.turns[0]}], add_generation_prompt=True, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = conversation_ids(tokenizer, p.turns[:1], [], p.chat)
         if len(ids) != rec["prompt_tokens"]:
             raise SystemExit(f"{rec['prompt']}: {len(ids)} prompt tokens here, {rec['prompt_tokens']} recorded")
         prompts.append((rec["prompt"], ids, rec["reference"]))

@@ -19,7 +19,7 @@ A variant is ``METHOD[:key=value...]`` as in ``measure_draft_extension.py``; a v
 and ``hf-assisted[int8-tensor]``), e.g. to compare the int8 draft's row groups with one scale per
 call::
 
-    python benchmarks/measure_short_answers.py --per-task 6 --hf-quants auto,int8-tensor \
+    python benchmarks/measure_short_answers.py --per-task 6 --hf-quants auto,int8-tensor \\
         --variants draft-tree,draft-tree:draft_quant=int8-tensor --out benchmarks/results-extension/row-groups-zen3.json
 """
 
