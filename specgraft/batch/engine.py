@@ -284,7 +284,7 @@ class BatchEngine:
             size = min(self.max_batch, len(self.running) + 1 + len(self._waiting))
             speculative, repays = self._speculative_start(request, size)
             try:
-                seq = self.engine.start(request.prompt, request.config, speculative=speculative)
+                seq = self.engine.start(request.prompt, request.config, speculative=speculative, fuse_prefill=False)
             except (ValueError, RuntimeError) as e:  # e.g. out of memory for the cache
                 events.append(BatchEvent(request.request_id, [], finished=True, finish_reason="error", error=str(e)))
                 continue

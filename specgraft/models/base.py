@@ -56,8 +56,10 @@ class TargetModel(Protocol):
         parent_rows: Sequence[Sequence[int] | torch.Tensor],
         output_hidden: bool = False,
         hidden_layer: int | None = None,
+        logits_from: Sequence[int] | None = None,
     ) -> list[RowsOutput]:
-        """:meth:`forward_rows` for several slots (distinct, any order) in one forward."""
+        """:meth:`forward_rows` for several slots (distinct, any order) in one forward; slot
+        ``b``'s outputs start at its row ``logits_from[b]`` (default 0: every row's)."""
 
     def commit(self, slot: int, keep_rows: Sequence[int]) -> None:
         """Keep the pending rows ``keep_rows`` (a chain from the first pending row), drop the rest."""

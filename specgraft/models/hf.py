@@ -331,8 +331,14 @@ class HFTarget:
         parent_rows: Sequence[Sequence[int] | torch.Tensor],
         output_hidden: bool = False,
         hidden_layer: int | None = None,
+        logits_from: Sequence[int] | None = None,
     ) -> list[RowsOutput]:
         """:meth:`forward_rows` for the slots ``slots`` (distinct, any order) in one forward.
+
+        ``logits_from[b]`` (default 0) is slot ``b``'s first row whose logits (and hidden states)
+        are returned: the rows before it only fill the cache. The engine feeds a short prompt's
+        prefill as a chain in the first step's forward (:meth:`SpecEngine.start`) and needs no
+        ``[T, V]`` logits for it (~20 ms a row for a 1.5B model's 152k-token head on a 2-core CPU).
 
         Each slot's rows are padded to the longest; padding rows see only themselves, are
         written past the slot's pending rows and never become pending, so nothing ever sees
@@ -356,6 +362,9 @@ class HFTarget:
         toks = [torch.as_tensor(t, dtype=torch.long).to(dev) for t in tokens]
         pars = [torch.as_tensor(p, dtype=torch.long).to(dev) for p in parent_rows]
         counts = [int(t.shape[0]) for t in toks]
+        starts = [0] * len(slots) if logits_from is None else [int(f) for f in logits_from]
+        if len(starts) != len(slots) or any(not 0 <= f <= n for f, n in zip(starts, counts)):
+            raise ValueError(f"logits_from {list(starts)} does not fit the row counts {counts}")
         n_max = max(counts)
         if n_max == 0:
             return [RowsOutput(torch.empty(0, self.vocab_size, device=dev)) for _ in slots]
@@ -368,9 +377,14 @@ class HFTarget:
             final, hidden = self._decode(slots, ids, positions, masks, hidden_layer if output_hidden else None)
         finally:
             self.cache.end_write(counts)
-        logits = self._logits(final)
+        if not any(starts):
+            logits = self._logits(final)
+            return [
+                RowsOutput(logits=logits[b, :n], hidden=hidden[b, :n] if output_hidden else None) for b, n in enumerate(counts)
+            ]
         return [
-            RowsOutput(logits=logits[b, :n], hidden=hidden[b, :n] if output_hidden else None) for b, n in enumerate(counts)
+            RowsOutput(logits=self._logits(final[b, f:n]), hidden=hidden[b, f:n] if output_hidden else None)
+            for b, (f, n) in enumerate(zip(starts, counts))
         ]
 
     def _tree_inputs(

@@ -1,0 +1,134 @@
+"""A fused start: a short prompt's prefill fed as a chain ahead of the root in the first step's
+forward (``SpecEngine.start``, ``HFTarget.forward_batch(logits_from=...)``).
+
+Its twin is the separate prefill (``engine.fuse_prefill_max = 0``): same tokens, same steps,
+same cache rows, greedy and sampled.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specgraft.batch import BatchEngine
+from specgraft.composers.graft import GraftComposer, GraftConfig
+from specgraft.config import GenerationConfig, SamplingConfig
+from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig
+from specgraft.engine import SpecEngine
+from specgraft.methods import MethodOptions, get_method
+from specgraft.models.hf import HFTarget
+
+from tests.conftest import TINY_MODELS, tiny_llama
+from tests.test_draft_tree import perturbed
+from tests.test_greedy_lossless import make_prompts
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def engines(model) -> dict[str, SpecEngine]:
+    """``ar``, ``pld`` and a draft-model tree over one target (each method's own slots)."""
+    target = HFTarget(model)
+    out = {}
+    for name in ("ar", "pld"):
+        drafters, composer = get_method(name).build(target, MethodOptions())
+        out[name] = SpecEngine(target, drafters, composer, method=name)
+    drafter = DraftModelDrafter(perturbed(model), DraftTreeConfig(depth=3, top_k=3), target_vocab=model.config.vocab_size)
+    out["draft-tree"] = SpecEngine(target, [drafter], GraftComposer(GraftConfig(variant="draft-tree")), method="draft-tree")
+    return out
+
+
+def run(engine: SpecEngine, prompt: list[int], config: GenerationConfig, fuse: bool) -> tuple[list[int], int, dict]:
+    engine.fuse_prefill_max = 512 if fuse else 0
+    tokens = engine.generate_ids(prompt, config)
+    stats = engine.last_stats
+    return tokens, stats.steps, dict(stats.accepted_by_source)
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_fused_start_equals_separate_prefill(arch):
+    """Greedy and sampled: tokens, steps and accepted drafts as with the prefill apart."""
+    model = TINY_MODELS[arch]()
+    greedy = GenerationConfig(max_new_tokens=16, budget=8)
+    sampled = GenerationConfig(max_new_tokens=16, budget=8, sampling=SamplingConfig(temperature=0.8, seed=3))
+    for name, engine in engines(model).items():
+        for prompt, _ in make_prompts(12, vocab=model.config.vocab_size):
+            for config in (greedy, sampled):
+                fused, apart = run(engine, prompt, config, True), run(engine, prompt, config, False)
+                assert fused == apart, f"{arch}/{name}: a fused start changed the output on {prompt}"
+
+
+def test_fused_start_fills_the_same_cache_rows():
+    """After the first step the slot holds the prompt and the accepted tokens, as a prefill would
+    have left them (float tolerance: the prompt rows ride in a larger forward)."""
+    model = tiny_llama()
+    engine = engines(model)["draft-tree"]
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6, 9, 11]
+    config = GenerationConfig(max_new_tokens=8, budget=8)
+    caches = []
+    for fuse in (True, False):
+        engine.fuse_prefill_max = 512 if fuse else 0
+        seq = engine.start(prompt, config)
+        assert seq.unfilled == (prompt[:-1] if fuse else [])
+        assert engine.target.length(seq.slot) == (0 if fuse else len(prompt) - 1)
+        engine.step(seq)
+        assert seq.unfilled == []
+        n = engine.target.length(seq.slot)
+        assert n == len(seq.context) - 1, "every committed token but the next root is cached"
+        caches.append([(layer.keys[seq.slot, :, :n].clone(), layer.values[seq.slot, :, :n].clone()) for layer in engine.target.cache.layers])
+        engine.finish(seq)
+    for (k1, v1), (k2, v2) in zip(*caches, strict=True):
+        torch.testing.assert_close(k1, k2)
+        torch.testing.assert_close(v1, v2)
+
+
+def test_fused_start_only_without_prefill_requests_and_for_short_prompts():
+    model = tiny_llama()
+    target = HFTarget(model)
+    drafters, composer = get_method("recycling").build(target, MethodOptions())
+    recycling = SpecEngine(target, drafters, composer, method="recycling")  # asks for the prompt's top-k
+    seq = recycling.start([5, 6, 7, 8], GenerationConfig(max_new_tokens=4))
+    assert seq.unfilled == [] and target.length(seq.slot) == 3
+    recycling.finish(seq)
+    pld = engines(model)["pld"]
+    seq = pld.start([5, 6, 7, 8], GenerationConfig(max_new_tokens=4), fuse_prefill=False)
+    assert seq.unfilled == [] and pld.target.length(seq.slot) == 3
+    pld.finish(seq)
+    pld.fuse_prefill_max = 2
+    seq = pld.start([5, 6, 7, 8], GenerationConfig(max_new_tokens=4))
+    assert seq.unfilled == [], "a prompt longer than fuse_prefill_max is prefilled apart"
+    pld.finish(seq)
+
+
+def test_a_batch_prefills_apart():
+    """A batch's sequences never fuse: the others' trees would be padded to a prompt's length."""
+    model = tiny_llama()
+    engine = engines(model)["pld"]
+    started = []
+    plain_start = engine.start
+
+    def start(*args, **kw):
+        seq = plain_start(*args, **kw)
+        started.append((list(seq.unfilled), engine.target.length(seq.slot)))
+        return seq
+
+    engine.start = start
+    batch = BatchEngine(engine, max_batch=2)
+    batch.submit([5, 6, 7, 5, 6, 7], GenerationConfig(max_new_tokens=4))
+    batch.submit([9, 8, 7], GenerationConfig(max_new_tokens=4))
+    while batch.has_work:
+        batch.step()
+    assert started == [([], 5), ([], 2)]
+
+
+def test_logits_from_returns_the_later_rows():
+    model = tiny_llama()
+    target = HFTarget(model)
+    tokens = [5, 6, 7, 8, 9, 10]
+    parents = [-1, 0, 1, 2, 3, 3]  # a chain, then two children of row 3
+    full, part = target.allocate(), target.allocate()
+    want = target.forward_batch([full], [tokens], [parents])[0]
+    got = target.forward_batch([part], [tokens], [parents], logits_from=[4])[0]
+    assert got.logits.shape == (2, model.config.vocab_size)
+    torch.testing.assert_close(got.logits, want.logits[4:])
+    with pytest.raises(ValueError, match="logits_from"):
+        target.forward_batch([target.allocate()], [tokens], [parents], logits_from=[7])
