@@ -193,9 +193,10 @@ class SpecEngine:
         verifies its first draft together with the prompt. One target forward fewer per
         generation (~0.3 s of a 1.5B model on a 2-core CPU, a few percent of a short answer);
         only the root's and the tree's rows get logits. The outputs are the same (the cache
-        holds the same prompt rows, computed with the same causal visibility); the first
-        step's forward time then includes the prompt's. A batch passes ``False``: its other
-        sequences' trees would be padded to the prompt's length.
+        holds the same prompt rows, computed with the same causal visibility). That first
+        forward's time counts as the sequence's prefill (``stats.prefill_s``: the time to its
+        first verified tokens, as a separate prefill counted it up to the prompt's end). A batch
+        passes ``False``: its other sequences' trees would be padded to the prompt's length.
 
         ``speculative=False`` is for a sequence expected to decode plainly (a batch where
         speculation does not pay): the prefill skips what drafters marked ``prefill_optional``
@@ -294,12 +295,12 @@ class SpecEngine:
         t2 = self._now()
         draft_s = max(0.0, t1 - t0 - sum(s for _, s in catch_ups))
         forward = ForwardTiming(len(live), max(len(r) for r in rows), t2 - t1)
-        for (b, seq, n, d), tree, out, own in zip(live, trees, outs, catch_ups, strict=True):
+        for (b, seq, n, d), tree, out, own, fill in zip(live, trees, outs, catch_ups, fills, strict=True):
             seq.last_budget = n if d > 0 else 0
             seq.primed = seq.primed or seq.last_budget > 0
-            seq.stats.prefill_s += own[1]
+            seq.stats.prefill_s += own[1] + (t2 - t1 if fill else 0.0)  # a fused start's forward is its prefill
             seq.last_forward, seq.last_catch_up = forward, own
-            emitted[b] = self._finish_step(seq, tree, out, draft_s=draft_s, forward_s=t2 - t1)
+            emitted[b] = self._finish_step(seq, tree, out, draft_s=draft_s, forward_s=0.0 if fill else t2 - t1)
         return emitted
 
     def _finish_step(self, seq: SequenceState, tree: DraftTree, out: RowsOutput, draft_s: float, forward_s: float) -> list[int]:

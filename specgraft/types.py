@@ -300,6 +300,8 @@ class GenerationStats:
     """Probe nodes fed over all steps (PTD's perturbation tree); not candidates."""
     last_step_tokens: int = 0
     prefill_s: float = 0.0
+    """The target's prefill of the prompt and the drafters' catch-up prefills; with a fused start
+    (``SpecEngine.start``) the first step's whole forward, which carries the prompt."""
     draft_s: float = 0.0
     forward_s: float = 0.0
     verify_s: float = 0.0

@@ -72,6 +72,8 @@ def test_fused_start_fills_the_same_cache_rows():
         assert engine.target.length(seq.slot) == (0 if fuse else len(prompt) - 1)
         engine.step(seq)
         assert seq.unfilled == []
+        if fuse:  # the fused forward is the sequence's prefill, not a verify forward
+            assert seq.stats.prefill_s > 0 and seq.stats.forward_s == 0
         n = engine.target.length(seq.slot)
         assert n == len(seq.context) - 1, "every committed token but the next root is cached"
         caches.append([(layer.keys[seq.slot, :, :n].clone(), layer.values[seq.slot, :, :n].clone()) for layer in engine.target.cache.layers])
