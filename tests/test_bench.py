@@ -450,10 +450,10 @@ def test_draft_model_methods(target_dir, draft_dir, tmp_path):
             assert r.proposed_by_source["draft"] > 0
     assert any("retrieval" in r.proposed_by_source for r in rows if r.method == "graft")
     run_info = json.loads((out / "run.json").read_text())
-    assert run_info["config"]["budgets"] == {"ar": 1, "draft-tree": 8, "graft": 8} == {m: METHODS[m].default_budget for m in ("ar", "draft-tree", "graft")}
+    assert run_info["config"]["budgets"] == {"ar": 1, "draft-tree": 16, "graft": 8} == {m: METHODS[m].default_budget for m in ("ar", "draft-tree", "graft")}
     assert run_info["config"]["resolved_dtype"] == "float32" and f"--calibration {calibration}" in run_info["command"]
     assert run_info["config"]["resolved_draft_quant"] == "int8"
-    assert "budget (nodes per step) ar 1, draft-tree 8, graft 8" in report.read_text()
+    assert "budget (nodes per step) ar 1, draft-tree 16, graft 8" in report.read_text()
 
     # resuming with another budget for a method already measured is refused
     with pytest.raises(ValueError, match="different config .*budgets"):

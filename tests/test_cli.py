@@ -326,8 +326,11 @@ def test_cpu_preset_is_the_default_everywhere():
     assert (cpu.depth, cpu.top_k, cpu.budget) == (4, 2, 8)
     assert (DraftTreeConfig().depth, DraftTreeConfig().top_k) == (cpu.depth, cpu.top_k)
     assert GraftOptions().preset == "cpu" and preset_budget(GraftOptions()) == cpu.budget
+    assert preset_budget(GraftOptions(), "draft-tree") == cpu.long_budget == 16  # long chains: a cap past 8 nodes
     for name, spec in METHODS.items():
-        if spec.needs_draft_model and not name.startswith("reader"):
+        if name == "draft-tree":
+            assert spec.default_budget == cpu.long_budget, name
+        elif spec.needs_draft_model and not name.startswith("reader"):
             assert spec.default_budget == cpu.budget, name
         elif spec.needs_draft_model:  # READER: the preset's draft nodes plus its retrieved paths
             from specgraft.methods import MethodOptions, method_budget

@@ -607,3 +607,37 @@ def test_docstring_examples():
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_long_chains_keep_confident_nodes_past_the_tree_budget():
+    """``tree_budget``: unsure nodes past it are dropped, confident ones kept up to the budget;
+    a generation with it equals plain greedy decoding."""
+    lm = TableLM(chain_table({t: 0.95 for t in range(2, 14)}), 16)
+    loose = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=2, extend=8, extend_min=0.3))
+    long = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=2, extend=8, extend_min=0.3, tree_budget=3))
+    context = [1, 2]
+    a = loose.propose(begin(loose, context), context, 12)
+    b = long.propose(begin(long, context), context, 12)
+    probs = [math.exp(s) for s in b.scores]
+    assert len(b) < len(a) and all(p >= 0.3 for p in sorted(probs, reverse=True)[3:]), "past the tree budget only confident nodes"
+    assert len(b) > 3, "a confident chain grows past the tree budget"
+    model = tiny_llama()
+    drafter = DraftModelDrafter(perturbed(model), DraftTreeConfig(depth=3, top_k=2, extend=6, tree_budget=4), target_vocab=96)
+    engine = SpecEngine(HFTarget(model), [drafter], GraftComposer(GraftConfig(variant="draft-tree")))
+    config = GenerationConfig(max_new_tokens=MAX_NEW, budget=12)
+    for prompt, _ in make_prompts(20):
+        assert engine.generate_ids(prompt, config) == hf_greedy(model, prompt, MAX_NEW)
+
+
+def test_cpu_preset_gives_draft_tree_long_chains_and_graft_its_budget():
+    from specgraft.methods import MethodOptions
+    from specgraft.methods.registry import method_budget
+
+    fixed = MethodOptions(cost_table=None)
+    assert method_budget("draft-tree", fixed) == PRESETS["cpu"].long_budget == 16
+    assert method_budget("graft-prune", fixed) == method_budget("graft", fixed) == PRESETS["cpu"].budget == 8
+    lm = tiny_llama()
+    for variant, tree_budget, extend in (("draft-tree", 8, 12), ("graft-prune", None, 8)):
+        drafters, _ = build_graft_method(variant, HFTarget(lm), GraftOptions(), draft_model=perturbed(lm))
+        cfg = drafters[0].config
+        assert (cfg.tree_budget, cfg.extend) == (tree_budget, extend), variant

@@ -44,7 +44,8 @@ def bench(
     ),
     preset: str = typer.Option(
         "cpu", "--preset",
-        help="Draft tree preset of draft-tree and the graft variants: cpu (depth 4, top-k 2, budget 8) or gpu "
+        help="Draft tree preset of draft-tree and the graft variants: cpu (depth 4, top-k 2, budget 8; draft-tree 16 with "
+        "long chains: past 8 nodes only confident ones) or gpu "
         "(depth 8, top-k 10, budget 60); without --budget its budget is used (recorded).",
     ),
     sample_drafts: bool = typer.Option(
@@ -54,7 +55,7 @@ def bench(
     draft_extend: Optional[int] = typer.Option(
         None, "--draft-extend",
         help="Most one-row draft forwards continuing the best draft path past the depth while the draft stays confident "
-        "(draft-tree, graft*; default: the preset's; 0 = off; recorded).",
+        "(draft-tree, graft*; default: the preset's, 12 for draft-tree's long chains, which a given value turns off; 0 = off; recorded).",
     ),
     draft_stop_min: Optional[float] = typer.Option(
         None, "--draft-stop-min",

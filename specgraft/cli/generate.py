@@ -169,14 +169,15 @@ CALIBRATION = typer.Option(
 )
 PRESET = typer.Option(
     "cpu", "--preset",
-    help="Draft tree preset: cpu (depth 4, top-k 2, budget 8) or gpu (depth 8, top-k 10, budget 60); without --budget its budget is used.",
+    help="Draft tree preset: cpu (depth 4, top-k 2, budget 8; draft-tree 16 with long chains: past 8 nodes only confident ones) "
+    "or gpu (depth 8, top-k 10, budget 60); without --budget its budget is used.",
 )
 DRAFT_DEPTH = typer.Option(None, "--draft-depth", help="Draft forwards per step (default: the preset's).")
 DRAFT_TOP_K = typer.Option(None, "--draft-top-k", help="Children per expanded draft node (default: the preset's).")
 DRAFT_EXTEND = typer.Option(
     None, "--draft-extend",
     help="Most one-row draft forwards continuing the best draft path past the depth while the draft stays confident "
-    "(default: the preset's; 0 = off).",
+    "(default: the preset's, 12 for draft-tree's long chains, which a given value turns off; 0 = off).",
 )
 DRAFT_STOP_MIN = typer.Option(
     None, "--draft-stop-min",

@@ -58,7 +58,8 @@ class GraftOptions:
     ``int8`` (dynamic quantization of its linears, CPU), ``bf16``, ``fp16``, ``none`` (``draft_dtype``),
     or ``auto``: int8 on CPU, bf16 on a GPU (``models/quant.py``; measured in the README)."""
     preset: str = "cpu"
-    """``cpu`` (depth 4, top-k 2, checkpoints 0/1/2, budget 8) or ``gpu`` (the paper: depth 8,
+    """``cpu`` (depth 4, top-k 2, checkpoints 0/1/2, budget 8; ``draft-tree`` 16 with long chains,
+    :func:`long_chains`) or ``gpu`` (the paper: depth 8,
     top-k 10, checkpoints 0/1/5, budget 60); see ``PRESETS`` in ``drafters/draft_model.py``. A
     generation that gives no budget verifies the preset's (:func:`preset_budget`)."""
     depth: int | None = None
@@ -70,7 +71,8 @@ class GraftOptions:
     when None, and ``top_k`` when the preset gives none)."""
     extend: int | None = None
     """Override the preset's extension: one-row draft forwards that continue the best path past
-    the depth while the draft stays confident (``DraftTreeConfig.extend``; 0 = off)."""
+    the depth while the draft stays confident (``DraftTreeConfig.extend``; 0 = off). A value given
+    here also turns off ``draft-tree``'s long chains (:func:`long_chains`)."""
     extend_min: float | None = None
     """Override the path probability an extension needs to continue (``DraftTreeConfig.extend_min``)."""
     stop_min: float | None = None
@@ -78,6 +80,9 @@ class GraftOptions:
     (``DraftTreeConfig.stop_min``; 0 = always the full depth)."""
     extend_adapt: bool | None = None
     """Override whether each sequence's extension adapts to its accepted chains (``DraftTreeConfig.extend_adapt``)."""
+    tree_budget: int | None = None
+    """Override the nodes a step keeps by path score alone when its budget is larger; past it
+    only confident nodes (``DraftTreeConfig.tree_budget``; the preset's when None)."""
     calibration: str | None = None
     """Calibration JSON from ``specgraft calibrate`` (thresholds + warmed-up successor matrix)."""
     thresholds: tuple[float, ...] | None = None
@@ -109,16 +114,32 @@ class GraftOptions:
             object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
 
 
-def preset_budget(options: GraftOptions) -> int:
-    """Nodes verified per step by ``draft-tree`` and the Graft variants when the generation
-    gives no budget: the preset's (``PRESETS[name].budget``).
+def long_chains(variant: str, options: GraftOptions) -> bool:
+    """Whether ``variant`` drafts long chains (*Long chains* in ``drafters/draft_model.py``): its
+    preset has a ``long_budget``, it is ``draft-tree`` (the ungated tree; the Graft variants
+    share their budget with gates and retrieval, calibrated at ``budget``) and ``options`` set
+    no extension of their own (an explicit ``extend`` drafts the plain tree of that extension).
 
-    >>> preset_budget(GraftOptions()), preset_budget(GraftOptions(preset="gpu"))
-    (8, 60)
+    >>> long_chains("draft-tree", GraftOptions()), long_chains("graft", GraftOptions()), long_chains("draft-tree", GraftOptions(extend=8))
+    (True, False, False)
     """
     from specgraft.drafters.draft_model import get_preset
 
-    return get_preset(options.preset).budget
+    return variant == "draft-tree" and get_preset(options.preset).long_budget is not None and options.extend is None
+
+
+def preset_budget(options: GraftOptions, method: str | None = None) -> int:
+    """Nodes verified per step by ``draft-tree`` and the Graft variants when the generation
+    gives no budget: the preset's (``PRESETS[name].budget``; ``long_budget`` for ``draft-tree``
+    where the preset has one, past ``budget`` confident nodes only).
+
+    >>> preset_budget(GraftOptions()), preset_budget(GraftOptions(), "draft-tree"), preset_budget(GraftOptions(preset="gpu"), "draft-tree")
+    (8, 16, 60)
+    """
+    from specgraft.drafters.draft_model import get_preset
+
+    preset = get_preset(options.preset)
+    return preset.long_budget if method is not None and long_chains(method, options) else preset.budget
 
 
 def with_sampled_drafts(options: GraftOptions, temperature: float) -> GraftOptions:
@@ -321,14 +342,16 @@ def build_graft_method(
     config = GraftConfig(variant=variant, k=k)
     checkpoints = preset.checkpoints[: len(config.draft_shares)]
     thresholds = gate_thresholds(variant, options, calibration) if config.gated else None
+    long = long_chains(variant, options)
     draft_config = DraftTreeConfig(
         depth=options.depth or preset.depth,
         top_k=options.top_k or preset.top_k,
         expand=preset.expand if options.expand is None else options.expand,
-        extend=preset.extend if options.extend is None else options.extend,
+        extend=(preset.long_extend or preset.extend if long else preset.extend) if options.extend is None else options.extend,
         **({} if options.extend_min is None else {"extend_min": options.extend_min}),
         stop_min=preset.stop_min if options.stop_min is None else options.stop_min,
         **({} if options.extend_adapt is None else {"extend_adapt": bool(options.extend_adapt)}),
+        tree_budget=(preset.budget if long else None) if options.tree_budget is None else options.tree_budget,
         checkpoints=checkpoints if config.gated else (),
         thresholds=thresholds,
         sample=options.sample_drafts,

@@ -52,7 +52,8 @@ if TYPE_CHECKING:
 #:   1.33 on mt_bench / summarization / math against 1.07 / 1.42 / 1.21 at budget 2, in about the
 #:   same time; the row-cost model rates budgets 2-4 alike.
 #: - ``ptd``: 8 (mt_bench 0.94x, MAT 1.25; 0.87x at 4, 0.78x at 12).
-#: - draft-model methods: their preset's budget (cpu: 8, ``drafters/draft_model.py``).
+#: - draft-model methods: their preset's budget (cpu: 8, ``drafters/draft_model.py``); ``draft-tree``
+#:   its preset's ``long_budget`` (cpu: 16, a cap: past 8 nodes only confident ones, *Long chains*).
 #:
 #: On a GPU, where verifying 60 nodes costs about one step, pass the papers' budgets
 #: (``--preset gpu`` for the draft-model methods).
@@ -61,7 +62,7 @@ DEFAULT_BUDGETS: dict[str, int] = {
     "pld": 16,
     "recycling": 4,
     "ptd": 8,
-    "draft-tree": 8,
+    "draft-tree": 16,
     "graft-prune": 8,
     "graft-fixed": 8,
     "graft-root": 8,
@@ -253,7 +254,7 @@ def fixed_budget(name: str, options: MethodOptions) -> int:
     if spec.needs_draft_model:
         from specgraft.methods.graft import preset_budget
 
-        return preset_budget(options.graft)
+        return preset_budget(options.graft, name)
     return spec.default_budget
 
 
@@ -285,6 +286,7 @@ def derived_budget(name: str, options: MethodOptions):
 
     if spec.needs_draft_model:
         from specgraft.drafters.draft_model import get_preset
+        from specgraft.methods.graft import long_chains
 
         g, meta = options.graft, gains_meta()
         preset = get_preset(g.preset)
@@ -292,6 +294,8 @@ def derived_budget(name: str, options: MethodOptions):
         stop_min = preset.stop_min if g.stop_min is None else g.stop_min
         if g.calibration or g.depth or g.top_k or g.preset != meta.get("preset", "cpu") or extend != meta.get("extend", 0):
             return None
+        if long_chains(name, g):
+            return None  # long chains: its budget is a cap on confident nodes, not a row count the gains measured
         if stop_min != meta.get("stop_min", 0.0) or (preset.expand if g.expand is None else g.expand) != meta.get("expand"):
             return None
     return derive_budget(name, CostTable.load(options.cost_table), table=Path(options.cost_table).name, anchor=fixed_budget(name, options))
