@@ -82,7 +82,8 @@ class GraftOptions:
     """Override whether each sequence's extension adapts to its accepted chains (``DraftTreeConfig.extend_adapt``)."""
     tree_budget: int | None = None
     """Override the nodes a step keeps by path score alone when its budget is larger; past it
-    only confident nodes (``DraftTreeConfig.tree_budget``; the preset's when None)."""
+    only confident nodes (``DraftTreeConfig.tree_budget``; None: the preset's ``budget`` where
+    :func:`long_chains` applies, else no such cut)."""
     calibration: str | None = None
     """Calibration JSON from ``specgraft calibrate`` (thresholds + warmed-up successor matrix)."""
     thresholds: tuple[float, ...] | None = None
