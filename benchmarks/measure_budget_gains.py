@@ -74,6 +74,15 @@ def load_base(args):
     return SpecDecoder.from_pretrained(args.model, method="ar", dtype=args.dtype, options=MethodOptions(graft=graft, cost_table=None), progress=False)
 
 
+def load_draft(args, base, quant: str | None = None):
+    """The draft model of ``args`` (``--draft-model``, ``--dtype``, ``--draft-quant`` unless
+    ``quant``) on ``base``'s device, checked against its tokenizer: what the timing scripts share."""
+    from specgraft.models.loading import load_draft_model
+
+    quant = args.draft_quant if quant is None else quant
+    return load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=quant)
+
+
 def timed_generate(dec, ids, max_new_tokens: int, budget: int | None = None, stop_on_eos: bool = False):
     """``(seconds, output)`` of one greedy generation of ``dec`` (the benchmark scripts' timer)."""
     from specgraft.config import GenerationConfig

@@ -21,33 +21,38 @@ from measure_budget_gains import load_base, model_arguments, timed_generate  # n
 
 from specgraft.methods import MethodOptions  # noqa: E402
 
-parser = model_arguments(__doc__.splitlines()[0])
-parser.add_argument("--suite", default="benchmarks/results-issue14/zen4/lost-tasks.jsonl")
-parser.add_argument("--tasks", default="translation,qa")
-args = parser.parse_args()
-torch.set_num_threads(args.threads)
-base = load_base(args)
-tree = base.with_method("draft-tree", MethodOptions(graft=dataclasses.replace(base.options.graft, extend=8), cost_table=None))
-prompts = [json.loads(l) for l in open(args.suite)]
-prompts = [p for p in prompts if p["task"] in args.tasks.split(",")]
-def run(dec, ids, fuse):
-    dec.engine.fuse_prefill_max = 512 if fuse else 0
-    return timed_generate(dec, ids, 128, None if dec is base else 8, stop_on_eos=True)
-warm = base.encode("Say hello.", chat=True)
-for d in (base, tree):
-    for f in (0, 1): run(d, warm, f)
-tot = {}
-rows = []
-for i, p in enumerate(prompts):
-    ids = base.encode(p["turns"][0], chat=True)
-    order = [("ar", base, 0), ("ar", base, 1), ("tree", tree, 0), ("tree", tree, 1)]
-    if i % 2: order = order[::-1]
-    res = {}; ref = None
-    for name, d, f in order:
-        s, out = run(d, ids, f)
-        key = f"{name}{'+fuse' if f else ''}"
-        res[key] = (s, out.tokens, out.stats.steps, out.stats.prefill_s, out.stats.forward_s)
-        tot[key] = tot.get(key, 0) + s
-    ref = res["ar"][1]
-    print(p["id"], len(ids), len(ref), {k: (round(v[0], 2), v[1] == ref, v[2], round(v[3], 2), round(v[4], 2)) for k, v in res.items()}, flush=True)
-print({k: round(v, 2) for k, v in tot.items()})
+
+def main() -> None:
+    parser = model_arguments(__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="benchmarks/results-issue14/zen4/lost-tasks.jsonl")
+    parser.add_argument("--tasks", default="translation,qa")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    base = load_base(args)
+    tree = base.with_method("draft-tree", MethodOptions(graft=dataclasses.replace(base.options.graft, extend=8), cost_table=None))
+    prompts = [json.loads(l) for l in open(args.suite)]
+    prompts = [p for p in prompts if p["task"] in args.tasks.split(",")]
+    def run(dec, ids, fuse):
+        dec.engine.fuse_prefill_max = 512 if fuse else 0
+        return timed_generate(dec, ids, 128, None if dec is base else 8, stop_on_eos=True)
+    warm = base.encode("Say hello.", chat=True)
+    for d in (base, tree):
+        for f in (0, 1): run(d, warm, f)
+    tot = {}
+    for i, p in enumerate(prompts):
+        ids = base.encode(p["turns"][0], chat=True)
+        order = [("ar", base, 0), ("ar", base, 1), ("tree", tree, 0), ("tree", tree, 1)]
+        if i % 2: order = order[::-1]
+        res = {}
+        for name, d, f in order:
+            s, out = run(d, ids, f)
+            key = f"{name}{'+fuse' if f else ''}"
+            res[key] = (s, out.tokens, out.stats.steps, out.stats.prefill_s, out.stats.forward_s)
+            tot[key] = tot.get(key, 0) + s
+        ref = res["ar"][1]
+        print(p["id"], len(ids), len(ref), {k: (round(v[0], 2), v[1] == ref, v[2], round(v[3], 2), round(v[4], 2)) for k, v in res.items()}, flush=True)
+    print({k: round(v, 2) for k, v in tot.items()})
+
+
+if __name__ == "__main__":
+    main()

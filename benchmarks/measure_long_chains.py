@@ -22,11 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main() -> None:
     import torch
-    from measure_budget_gains import load_base, model_arguments, timed_generate, task_tuning_prompts
+    from measure_budget_gains import load_base, load_draft, model_arguments, timed_generate, task_tuning_prompts
     from specgraft.methods import MethodOptions
     from specgraft.bench.peers import HFPeer
     from specgraft.suites import DATA_DIR, read_prompt_file
-    from specgraft.models.loading import load_draft_model
     parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--code", type=int, default=3)
     parser.add_argument("--tasks", default="math_reasoning,translation,qa")
@@ -35,7 +34,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     base = load_base(args)
     g = base.options.graft
-    draft = load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=args.draft_quant)
+    draft = load_draft(args, base)
     tree = base.with_method("draft-tree", MethodOptions(graft=dataclasses.replace(g, extend=8), cost_table=None), draft_model=draft)
     long = base.with_method("draft-tree", MethodOptions(graft=g, cost_table=None), draft_model=draft)
     hf = HFPeer("hf-assisted", base.model, sorted(base.engine.eos_token_ids), 128, 0.0, 0, assistant_model=draft)

@@ -26,12 +26,11 @@ from pathlib import Path
 def main() -> None:
     import torch
 
-    from measure_budget_gains import load_base, model_arguments, task_tuning_prompts, timed_generate
+    from measure_budget_gains import load_base, load_draft, model_arguments, task_tuning_prompts, timed_generate
     from measure_draft_extension import parse_variant
 
     from specgraft.methods import MethodOptions
     from specgraft.models.hf import HFTarget
-    from specgraft.models.loading import load_draft_model
 
     parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="translation,qa")
@@ -41,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = load_base(args)
-    draft = load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=args.draft_quant)
+    draft = load_draft(args, base)
     decoders = []
     for text in args.variants.split(","):
         method, overrides, budget = parse_variant(text)

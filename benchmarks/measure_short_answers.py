@@ -33,13 +33,12 @@ from pathlib import Path
 def main() -> None:
     import torch
 
-    from measure_budget_gains import load_base, model_arguments, task_tuning_prompts, timed_generate
+    from measure_budget_gains import load_base, load_draft, model_arguments, task_tuning_prompts, timed_generate
     from measure_draft_extension import parse_variant
 
     from specgraft.bench.peers import HFPeer
     from specgraft.drafters.draft_model import DraftModelDrafter
     from specgraft.methods import MethodOptions
-    from specgraft.models.loading import load_draft_model
 
     parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--tasks", default="translation,qa")
@@ -55,7 +54,7 @@ def main() -> None:
     base = load_base(args)
     graft = base.options.graft
     def draft_in(quant: str):
-        return load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=quant)
+        return load_draft(args, base, quant)
 
     draft = draft_in(args.draft_quant)
     hf_quants = args.hf_quants.split(",")

@@ -19,11 +19,10 @@ from pathlib import Path
 def main() -> None:
     import torch
 
-    from measure_budget_gains import load_base, model_arguments, timed_generate, tuning_prompts
+    from measure_budget_gains import load_base, load_draft, model_arguments, timed_generate, tuning_prompts
 
     from specgraft.methods import MethodOptions
     from specgraft.models.kernels import set_min_rows
-    from specgraft.models.loading import load_draft_model
 
     parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--methods", default="ar,pld,draft-tree")
@@ -34,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = load_base(args)
-    draft = load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=args.draft_quant)
+    draft = load_draft(args, base)
     decoders = {m: base.with_method(m, MethodOptions(graft=base.options.graft, cost_table=None), draft_model=draft if m.startswith(("draft", "graft")) else None)
                 for m in args.methods.split(",")}
     prompts = tuning_prompts(args.per_task, args.code_prompts)

@@ -32,12 +32,11 @@ from pathlib import Path
 def main() -> None:
     import torch
 
-    from measure_budget_gains import load_base, model_arguments, task_tuning_prompts, tuning_prompts
+    from measure_budget_gains import load_base, load_draft, model_arguments, task_tuning_prompts, tuning_prompts
 
     from specgraft.config import GenerationConfig
     from specgraft.drafters.draft_model import PRESETS, DraftModelDrafter, DraftTreeConfig
     from specgraft.models.hf import HFTarget
-    from specgraft.models.loading import load_draft_model
 
     parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=None, help="Spec-Bench tasks (items 41+, EOS stops) instead of the tuning prompts.")
@@ -51,7 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = load_base(args)
-    draft = load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=args.draft_quant)
+    draft = load_draft(args, base)
     preset = PRESETS["cpu"]
     extra = {} if args.extend_min is None else {"extend_min": args.extend_min}
     extend = preset.extend if args.extend is None else args.extend
