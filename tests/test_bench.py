@@ -436,7 +436,8 @@ def test_draft_model_methods(target_dir, draft_dir, tmp_path):
     """draft-tree and graft (with a calibration) run beside ar on 2 prompts, losslessly, each at its default budget."""
     calibration = str(save_calibration(make_calibration(vocab=len(byte_tokenizer())), tmp_path / "calib.json"))
     out = tmp_path / "run"
-    report = run_benchmark(config(target_dir, out, suite="humaneval:2", methods="draft-tree,graft", draft_model=draft_dir, calibration=calibration))
+    # no cost-aware cut for draft-tree: every node of a random draft is unlikely (the flag is recorded)
+    report = run_benchmark(config(target_dir, out, suite="humaneval:2", methods="draft-tree,graft", draft_model=draft_dir, calibration=calibration, draft_row_cost=0.0))
     rows = read_rows(out / RESULTS_FILE)
     assert [r.method for r in rows] == ["ar", "draft-tree", "graft"] * 2
     check_rows_consistent(rows)
@@ -452,7 +453,7 @@ def test_draft_model_methods(target_dir, draft_dir, tmp_path):
     run_info = json.loads((out / "run.json").read_text())
     assert run_info["config"]["budgets"] == {"ar": 1, "draft-tree": 16, "graft": 8} == {m: METHODS[m].default_budget for m in ("ar", "draft-tree", "graft")}
     assert run_info["config"]["resolved_dtype"] == "float32" and f"--calibration {calibration}" in run_info["command"]
-    assert run_info["config"]["resolved_draft_quant"] == "int8"
+    assert run_info["config"]["resolved_draft_quant"] == "int8" and "--draft-row-cost 0.0" in run_info["command"]
     assert "budget (nodes per step) ar 1, draft-tree 16, graft 8" in report.read_text()
 
     # resuming with another budget for a method already measured is refused

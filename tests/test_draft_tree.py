@@ -441,7 +441,9 @@ def test_draft_tree_greedy_equals_plain_decoding(arch):
     draft = perturbed(model)
     vocab = model.config.vocab_size
     target = HFTarget(model)
-    drafters, composer = build_graft_method("draft-tree", target, GraftOptions(), draft_model=draft)
+    # no cost-aware cut: a random model's flat distributions would cut every node
+    # (test_cost_aware_cut_verifies_fewer_nodes_and_equals_plain_greedy covers it)
+    drafters, composer = build_graft_method("draft-tree", target, GraftOptions(row_cost=0), draft_model=draft)
     engine = SpecEngine(target, drafters, composer, method="draft-tree")
     config = GenerationConfig(max_new_tokens=MAX_NEW, budget=16)
     mats = []
@@ -629,6 +631,7 @@ def test_long_chains_keep_confident_nodes_past_the_tree_budget():
         assert engine.generate_ids(prompt, config) == hf_greedy(model, prompt, MAX_NEW)
 
 
+@pytest.mark.preset_cut
 def test_cpu_preset_gives_draft_tree_long_chains_and_graft_its_budget():
     from specgraft.methods import MethodOptions
     from specgraft.methods.registry import method_budget
@@ -637,7 +640,38 @@ def test_cpu_preset_gives_draft_tree_long_chains_and_graft_its_budget():
     assert method_budget("draft-tree", fixed) == PRESETS["cpu"].long_budget == 16
     assert method_budget("graft-prune", fixed) == method_budget("graft", fixed) == PRESETS["cpu"].budget == 8
     lm = tiny_llama()
-    for variant, tree_budget, extend in (("draft-tree", 8, 12), ("graft-prune", None, 8)):
+    for variant, tree_budget, extend, row_cost in (("draft-tree", 8, 12, 0.05), ("graft-prune", None, 8, None)):
         drafters, _ = build_graft_method(variant, HFTarget(lm), GraftOptions(), draft_model=perturbed(lm))
         cfg = drafters[0].config
-        assert (cfg.tree_budget, cfg.extend) == (tree_budget, extend), variant
+        assert (cfg.tree_budget, cfg.extend, cfg.row_cost) == (tree_budget, extend, row_cost), variant
+    for given, row_cost in ((0, None), (0.1, 0.1)):
+        drafters, _ = build_graft_method("draft-tree", HFTarget(lm), GraftOptions(row_cost=given), draft_model=perturbed(lm))
+        assert drafters[0].config.row_cost == row_cost, "0 turns the cut off; a value overrides the preset's"
+    with pytest.raises(ValueError, match="row_cost must be >= 0"):
+        GraftOptions(row_cost=-0.1)
+    with pytest.raises(ValueError, match="row_cost must be >= 0"):
+        DraftTreeConfig(row_cost=float("nan"))
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_cost_aware_cut_verifies_fewer_nodes_and_equals_plain_greedy(arch):
+    """``row_cost``: a step verifies the best-first prefix of its kept nodes that maximises
+    expected tokens per cost (path probabilities as acceptance), so unlikely nodes are not
+    verified, some likely ones are, and every output still equals plain greedy decoding. The
+    target's output layer is scaled up so that its distributions (and the perturbed draft's)
+    are peaked enough for the cut to fall inside the trees."""
+    model = TINY_MODELS[arch]()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)
+    draft, target = perturbed(model), HFTarget(model)
+    config = GenerationConfig(max_new_tokens=MAX_NEW, budget=16)
+    nodes = {}
+    for row_cost in (0, 0.05):
+        drafters, composer = build_graft_method("draft-tree", target, GraftOptions(row_cost=row_cost), draft_model=draft)
+        engine = SpecEngine(target, drafters, composer, method="draft-tree")
+        total = steps = 0
+        for prompt, _ in make_prompts(10, model.config.vocab_size):
+            assert engine.generate_ids(prompt, config) == hf_greedy(model, prompt, MAX_NEW), f"{arch}, row_cost {row_cost}"
+            total, steps = total + engine.last_stats.tree_nodes, steps + engine.last_stats.steps
+        nodes[row_cost] = total / steps
+    assert 0 < nodes[0.05] < nodes[0], nodes

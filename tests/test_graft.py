@@ -126,7 +126,8 @@ def stub_method(variant: str, preset: str, thresholds):
     (so ``c_d = 0.5 ** (d + 1)``), drafting tokens below 2048, with a matrix of tokens >= 2048:
     retrieved nodes never coincide with draft nodes, so the counts below are exact."""
     lm = TableLM(peaked_table(0.5, STUB_VOCAB, 0, 2048), STUB_VOCAB)
-    options = GraftOptions(preset=preset, thresholds=thresholds, stop_min=0.0)  # the stages alone: no early stop
+    # the stages alone: no early stop, no cost-aware cut (draft-tree's)
+    options = GraftOptions(preset=preset, thresholds=thresholds, stop_min=0.0, row_cost=0.0)
     drafters, composer = build_graft_method(variant, Vocab(STUB_VOCAB), options, draft_model=lm)
     if len(drafters) > 1:
         drafters[1].matrix.table[:] = 2048 + (np.arange(STUB_VOCAB)[:, None] * 8 + np.arange(8)) % 2048

@@ -118,6 +118,8 @@ class BenchConfig:
     """Extension forwards of the draft tree past its depth (``GraftOptions.extend``); None = the preset's."""
     draft_stop_min: float | None = None
     """Early stop of the draft tree (``GraftOptions.stop_min``); None = the preset's."""
+    draft_row_cost: float | None = None
+    """Cost-aware cut of ``draft-tree``'s nodes (``GraftOptions.row_cost``); None = the preset's."""
     warmup_tokens: int = 16
     """New tokens of each method's warm-up generation."""
     device: str = "auto"
@@ -260,7 +262,7 @@ class BenchConfig:
         """The options every registry method is built with."""
         graft = GraftOptions(
             draft_model=self.draft_model, draft_dtype=self.dtype, draft_quant=self.draft_quant, preset=self.preset, calibration=self.calibration,
-            extend=self.draft_extend, stop_min=self.draft_stop_min,
+            extend=self.draft_extend, stop_min=self.draft_stop_min, row_cost=self.draft_row_cost,
         )
         if self.sample_drafts:
             graft = with_sampled_drafts(graft, self.temperature)
@@ -277,7 +279,7 @@ class BenchConfig:
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "resolved_draft_quant", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
                 "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape",
-                "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min")
+                "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min", "draft_row_cost")
         out = {k: getattr(self, k) for k in keep}
         out["datastores"] = list(self.datastores)  # as run.json stores it
         return out
@@ -322,6 +324,8 @@ class BenchConfig:
             parts += ["--draft-extend", str(self.draft_extend)]
         if self.draft_stop_min is not None:
             parts += ["--draft-stop-min", str(self.draft_stop_min)]
+        if self.draft_row_cost is not None:
+            parts += ["--draft-row-cost", str(self.draft_row_cost)]
         if self.device != "auto":
             parts += ["--device", self.device]
         if self.learning != "request":
@@ -470,7 +474,7 @@ _RECORDED_SINCE = {
     "resolved_draft_quant": lambda before: "none" if before.get("draft_model") else None,
     "preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None,
     "vllm_spec_tokens": 5, "row_cost": None, "draft_extend": None,
-    "draft_stop_min": None,
+    "draft_stop_min": None, "draft_row_cost": None,
 }
 
 

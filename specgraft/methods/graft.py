@@ -84,6 +84,10 @@ class GraftOptions:
     """Override the nodes a step keeps by path score alone when its budget is larger; past it
     only confident nodes (``DraftTreeConfig.tree_budget``; None: the preset's ``budget`` where
     :func:`long_chains` applies, else no such cut)."""
+    row_cost: float | None = None
+    """Override the cost-aware cut of the tree's kept nodes: one more verified row's cost as a
+    fraction of a step that verifies none (``DraftTreeConfig.row_cost``; 0 = no cut; None: the
+    preset's ``long_row_cost`` where :func:`long_chains` applies, else no cut)."""
     calibration: str | None = None
     """Calibration JSON from ``specgraft calibrate`` (thresholds + warmed-up successor matrix)."""
     thresholds: tuple[float, ...] | None = None
@@ -111,6 +115,8 @@ class GraftOptions:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.extend is not None and (not isinstance(self.extend, int) or self.extend < 0):
             raise ValueError(f"extend must be an integer >= 0, got {self.extend!r}")
+        if self.row_cost is not None and not self.row_cost >= 0.0:
+            raise ValueError(f"row_cost must be >= 0 (0 = no cut), got {self.row_cost!r}")
         if self.thresholds is not None:
             object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
 
@@ -353,6 +359,7 @@ def build_graft_method(
         stop_min=preset.stop_min if options.stop_min is None else options.stop_min,
         **({} if options.extend_adapt is None else {"extend_adapt": bool(options.extend_adapt)}),
         tree_budget=(preset.budget if long else None) if options.tree_budget is None else options.tree_budget,
+        row_cost=(preset.long_row_cost if long else None) if options.row_cost is None else options.row_cost or None,
         checkpoints=checkpoints if config.gated else (),
         thresholds=thresholds,
         sample=options.sample_drafts,

@@ -1,0 +1,89 @@
+"""draft-tree's cost-aware cut against the same tree without it and HF assisted generation (issue 14).
+
+One process: the 1.5B target, the int8 0.5B draft (``--draft-quant auto``), greedy, 128 new
+tokens, EOS stops. Per prompt: ``ar`` once (the reference every output must equal), then in an
+order that alternates from prompt to prompt: ``long`` (``draft-tree`` with long chains and no
+cut, ``GraftOptions(row_cost=0)``), ``cut`` (``draft-tree``'s default: the cpu preset's
+``long_row_cost``) and HF's ``generate(assistant_model=draft)``, ``--rounds`` times. Prompts:
+HumanEval items 100+ (``--code``) and Spec-Bench items 41+ of ``--tasks`` (which no benchmark
+suite uses), or the first turns of a JSONL ``--suite``::
+
+    python benchmarks/measure_tree_cut.py --out benchmarks/results-issue14/tree-cut/tuning-zen3.json
+
+Prints per prompt and round ``(seconds, equal to ar, steps, verified nodes, MAT, draft s,
+verify-forward s)`` and per task the speedups over ``ar``; writes the rows to ``--out``.
+"""
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    import torch
+    from measure_budget_gains import load_base, load_draft, model_arguments, timed_generate, task_tuning_prompts
+    from specgraft.bench.peers import HFPeer
+    from specgraft.methods import MethodOptions
+    from specgraft.suites import DATA_DIR, read_prompt_file
+
+    parser = model_arguments(__doc__.splitlines()[0])
+    parser.add_argument("--code", type=int, default=3)
+    parser.add_argument("--tasks", default="translation,qa,math_reasoning,rag")
+    parser.add_argument("--per-task", type=int, default=2)
+    parser.add_argument("--suite", default=None, help="a JSONL prompt file instead of the tuning prompts")
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    base = load_base(args)
+    g = base.options.graft
+    draft = load_draft(args, base)
+    decoders = {
+        "long": base.with_method("draft-tree", MethodOptions(graft=dataclasses.replace(g, row_cost=0.0), cost_table=None), draft_model=draft),
+        "cut": base.with_method("draft-tree", MethodOptions(graft=g, cost_table=None), draft_model=draft),
+    }
+    hf = HFPeer("hf-assisted", base.model, sorted(base.engine.eos_token_ids), 128, 0.0, 0, assistant_model=draft)
+    if args.suite:
+        prompts = read_prompt_file(Path(args.suite), Path(args.suite).stem)
+        prompts = [p for p in prompts if p.task in args.tasks.split(",")] if args.tasks else prompts
+    else:
+        prompts = read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + args.code]
+        prompts += task_tuning_prompts(args.per_task, args.tasks.split(","))
+    warm = base.encode("Say hello.", chat=True)
+    timed_generate(base, warm, 8, stop_on_eos=True)
+    for dec in decoders.values():
+        timed_generate(dec, warm, 8, 16, stop_on_eos=True)
+    hf.run(warm, 8)
+    tot: dict[str, dict[str, float]] = {}
+    rows = []
+    for i, p in enumerate(prompts):
+        ids = base.encode(p.turns[0], chat=p.chat)
+        ar_s, ref = timed_generate(base, ids, 128, stop_on_eos=True)
+        for r in range(args.rounds):
+            res = {"ar": (ar_s, True, len(ref.tokens))} if r == 0 else {}
+            order = ["long", "cut", "hf"] if (i + r) % 2 == 0 else ["hf", "cut", "long"]
+            for name in order:
+                if name == "hf":
+                    run = hf.run(ids)
+                    res[name] = (run.time_s, run.tokens == ref.tokens)
+                else:
+                    s, out = timed_generate(decoders[name], ids, 128, 16, stop_on_eos=True)
+                    st = out.stats
+                    res[name] = (s, out.tokens == ref.tokens, st.steps, st.tree_nodes, round(st.mat, 2), round(st.draft_s, 2), round(st.forward_s, 2))
+            for k, v in res.items():
+                tot.setdefault(p.task, {}).setdefault(k, 0.0)
+                tot[p.task][k] += v[0] / (1 if k == "ar" else args.rounds)
+            rows.append({"id": p.id, "task": p.task, "round": r, "res": res})
+            print(p.id, p.task, len(ids), len(ref.tokens), r, {k: tuple(round(x, 2) if isinstance(x, float) else x for x in v) for k, v in res.items()}, flush=True)
+    for t, d in tot.items():
+        print(t, {k: f"{v:.1f}s {d['ar'] / v:.2f}x" for k, v in d.items()})
+    names = ["ar", "long", "cut", "hf"]
+    allt = {k: sum(d[k] for d in tot.values()) for k in names}
+    print("all", {k: f"{v:.1f}s {allt['ar'] / v:.2f}x" for k, v in allt.items()})
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    json.dump(rows, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
