@@ -99,10 +99,13 @@ exp(S)`` the node's draft path probability as its acceptance estimate
 (:func:`~specgraft.tree.paths.cost_aware_subset`, the rule ``pld``'s ``row_cost`` uses), ``r``
 one row's cost as a fraction of a step verifying no node: the target's one-row forward plus the
 step's draft forwards (Zen 3: ~40 ms a row against ~0.5 s + ~0.25 s; on a normal-speed day ~25
-ms against ~0.3 s + ~0.15 s; both ~0.05). Counted over 191 steps of 17 tuning prompts, path
-probability was a fair acceptance estimate (nodes at 0-0.1 accepted 7% of the time, 0.3-0.4
-42%, 0.9-1 94%), and replayed with the measured costs the cut at 0.05 verified 11% fewer rows
-for 1% fewer accepted tokens (translation 6.7 -> 4.9 rows a step). Worked example, path
+ms against ~0.3 s + ~0.15 s; both ~0.05). Path probability is a fair acceptance estimate for
+the int8 0.5B draft of the 1.5B target (``benchmarks/measure_draft_calibration.py``, 117 steps
+of tuning prompts: nodes under 0.05 accepted 2.5% of the time, 0.1-0.2 12%, 0.3-0.5 56%, over
+0.9 98%). Timed on the Zen 3 (``benchmarks/measure_tree_cut.py``; ``benchmarks/RESULTS.md``,
+*A cost-aware cut*): issue 14's six short answers verified 182 nodes instead of 301 in 53 steps
+instead of 50, 5% faster over three alternating rounds; 11 tuning prompts 949 nodes instead of
+1,042, 2% faster. Worked example, path
 probabilities ``.9, .8, .6, .05``, ``r = 0.05``: ``3.3 / 1.15 = 2.87`` with three nodes,
 ``3.35 / 1.2 = 2.79`` with four, so three are verified. The cut reads the draft's own scores,
 never the target's, and applies to top-k drafts only (sampled drafts keep their count), so
