@@ -57,6 +57,21 @@ def tuning_prompts(per_task: int, code_prompts: int):
     return prompts + read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + code_prompts]
 
 
+def code_and_task_prompts(code_prompts: int, per_task: int, tasks: list[str]):
+    """HumanEval items 100 .. 99 + ``code_prompts``, then Spec-Bench items 41+ of ``tasks``
+    (:func:`task_tuning_prompts`): tuning prompts no benchmark suite uses."""
+    from specgraft.suites import DATA_DIR, read_prompt_file
+
+    return read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + code_prompts] + task_tuning_prompts(per_task, tasks)
+
+
+def hf_assisted(base, draft, max_new_tokens: int = 128):
+    """HF's ``generate(assistant_model=draft)`` on ``base``'s target, greedy, stopping at its EOS tokens."""
+    from specgraft.bench.peers import HFPeer
+
+    return HFPeer("hf-assisted", base.model, sorted(base.engine.eos_token_ids), max_new_tokens, 0.0, 0, assistant_model=draft)
+
+
 def write(path: str, result: dict) -> None:
     """One line per method, so the file reads as a table."""
     methods = ",\n".join(f"  {json.dumps(name)}: {json.dumps(row)}" for name, row in result["methods"].items())

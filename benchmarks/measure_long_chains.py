@@ -22,10 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main() -> None:
     import torch
-    from measure_budget_gains import load_base, load_draft, model_arguments, timed_generate, task_tuning_prompts
+    from measure_budget_gains import code_and_task_prompts, hf_assisted, load_base, load_draft, model_arguments, timed_generate
     from specgraft.methods import MethodOptions
-    from specgraft.bench.peers import HFPeer
-    from specgraft.suites import DATA_DIR, read_prompt_file
     parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--code", type=int, default=3)
     parser.add_argument("--tasks", default="math_reasoning,translation,qa")
@@ -37,8 +35,8 @@ def main() -> None:
     draft = load_draft(args, base)
     tree = base.with_method("draft-tree", MethodOptions(graft=dataclasses.replace(g, extend=8), cost_table=None), draft_model=draft)
     long = base.with_method("draft-tree", MethodOptions(graft=g, cost_table=None), draft_model=draft)
-    hf = HFPeer("hf-assisted", base.model, sorted(base.engine.eos_token_ids), 128, 0.0, 0, assistant_model=draft)
-    prompts = read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100:100 + args.code] + task_tuning_prompts(args.per_task, args.tasks.split(","))
+    hf = hf_assisted(base, draft)
+    prompts = code_and_task_prompts(args.code, args.per_task, args.tasks.split(","))
     warm = base.encode("Say hello.", chat=True)
     for dec, budget in ((base, None), (tree, 8), (long, 16)):
         timed_generate(dec, warm, 8, budget, stop_on_eos=True)

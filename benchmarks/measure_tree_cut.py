@@ -23,10 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main() -> None:
     import torch
-    from measure_budget_gains import load_base, load_draft, model_arguments, timed_generate, task_tuning_prompts
-    from specgraft.bench.peers import HFPeer
+    from measure_budget_gains import code_and_task_prompts, hf_assisted, load_base, load_draft, model_arguments, timed_generate
     from specgraft.methods import MethodOptions
-    from specgraft.suites import DATA_DIR, read_prompt_file
+    from specgraft.suites import read_prompt_file
 
     parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--code", type=int, default=3)
@@ -43,13 +42,12 @@ def main() -> None:
         "long": base.with_method("draft-tree", MethodOptions(graft=dataclasses.replace(g, row_cost=0.0), cost_table=None), draft_model=draft),
         "cut": base.with_method("draft-tree", MethodOptions(graft=g, cost_table=None), draft_model=draft),
     }
-    hf = HFPeer("hf-assisted", base.model, sorted(base.engine.eos_token_ids), 128, 0.0, 0, assistant_model=draft)
+    hf = hf_assisted(base, draft)
     if args.suite:
         prompts = read_prompt_file(Path(args.suite), Path(args.suite).stem)
         prompts = [p for p in prompts if p.task in args.tasks.split(",")] if args.tasks else prompts
     else:
-        prompts = read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + args.code]
-        prompts += task_tuning_prompts(args.per_task, args.tasks.split(","))
+        prompts = code_and_task_prompts(args.code, args.per_task, args.tasks.split(","))
     warm = base.encode("Say hello.", chat=True)
     timed_generate(base, warm, 8, stop_on_eos=True)
     for dec in decoders.values():
