@@ -4,7 +4,9 @@ One process: the 1.5B target, the int8 0.5B draft (``--draft-quant auto``), gree
 tokens, EOS stops. Per prompt: ``ar`` once (the reference every output must equal), then in an
 order that alternates from prompt to prompt: ``long`` (``draft-tree`` with long chains and no
 cut, ``GraftOptions(row_cost=0)``), ``cut`` (``draft-tree``'s default: the cpu preset's
-``long_row_cost``) and HF's ``generate(assistant_model=draft)``, ``--rounds`` times. Prompts:
+``long_row_cost``), ``adapt`` (the default with ``extend_adapt=True``: each sequence caps its
+chains by what the target accepted of its recent ones) and HF's
+``generate(assistant_model=draft)`` (``hf``), those named by ``--variants``, ``--rounds`` times. Prompts:
 HumanEval items 100+ (``--code``) and Spec-Bench items 41+ of ``--tasks`` (which no benchmark
 suite uses), or the first turns of a JSONL ``--suite``::
 
@@ -33,16 +35,22 @@ def main() -> None:
     parser.add_argument("--per-task", type=int, default=2)
     parser.add_argument("--suite", default=None, help="a JSONL prompt file instead of the tuning prompts")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--variants", default="long,cut,hf", help="comma-separated, of long, cut, adapt, hf")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = load_base(args)
     g = base.options.graft
     draft = load_draft(args, base)
+    variants = args.variants.split(",")
+    known = {"long": dataclasses.replace(g, row_cost=0.0), "cut": g, "adapt": dataclasses.replace(g, extend_adapt=True)}
+    unknown = [v for v in variants if v not in known and v != "hf"]
+    if unknown:
+        parser.error(f"unknown variants {unknown}: choose from {sorted(known) + ['hf']}")
     decoders = {
-        "long": base.with_method("draft-tree", MethodOptions(graft=dataclasses.replace(g, row_cost=0.0), cost_table=None), draft_model=draft),
-        "cut": base.with_method("draft-tree", MethodOptions(graft=g, cost_table=None), draft_model=draft),
+        v: base.with_method("draft-tree", MethodOptions(graft=known[v], cost_table=None), draft_model=draft)
+        for v in variants if v != "hf"
     }
-    hf = hf_assisted(base, draft)
+    hf = hf_assisted(base, draft) if "hf" in variants else None
     if args.suite:
         prompts = read_prompt_file(Path(args.suite), Path(args.suite).stem)
         prompts = [p for p in prompts if p.task in args.tasks.split(",")] if args.tasks else prompts
@@ -52,7 +60,8 @@ def main() -> None:
     timed_generate(base, warm, 8, stop_on_eos=True)
     for dec in decoders.values():
         timed_generate(dec, warm, 8, 16, stop_on_eos=True)
-    hf.run(warm, 8)
+    if hf is not None:
+        hf.run(warm, 8)
     tot: dict[str, dict[str, float]] = {}
     rows = []
     for i, p in enumerate(prompts):
@@ -60,7 +69,7 @@ def main() -> None:
         ar_s, ref = timed_generate(base, ids, 128, stop_on_eos=True)
         for r in range(args.rounds):
             res = {"ar": (ar_s, True, len(ref.tokens))} if r == 0 else {}
-            order = ["long", "cut", "hf"] if (i + r) % 2 == 0 else ["hf", "cut", "long"]
+            order = variants if (i + r) % 2 == 0 else variants[::-1]
             for name in order:
                 if name == "hf":
                     run = hf.run(ids)
@@ -76,7 +85,7 @@ def main() -> None:
             print(p.id, p.task, len(ids), len(ref.tokens), r, {k: tuple(round(x, 2) if isinstance(x, float) else x for x in v) for k, v in res.items()}, flush=True)
     for t, d in tot.items():
         print(t, {k: f"{v:.1f}s {d['ar'] / v:.2f}x" for k, v in d.items()})
-    names = ["ar", "long", "cut", "hf"]
+    names = ["ar", *variants]
     allt = {k: sum(d[k] for d in tot.values()) for k in names}
     print("all", {k: f"{v:.1f}s {allt['ar'] / v:.2f}x" for k, v in allt.items()})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
