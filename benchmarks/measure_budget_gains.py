@@ -50,19 +50,21 @@ def task_tuning_prompts(per_task: int, tasks: list[str] | None = None):
     return [p for t in tasks or list(by_task) for p in by_task[t][40 : 40 + per_task]]
 
 
-def tuning_prompts(per_task: int, code_prompts: int):
+def code_tuning_prompts(code_prompts: int):
+    """HumanEval items 100 .. 99 + ``code_prompts`` (no benchmark suite uses them)."""
     from specgraft.suites import DATA_DIR, read_prompt_file
 
-    prompts = task_tuning_prompts(per_task)
-    return prompts + read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + code_prompts]
+    return read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + code_prompts]
+
+
+def tuning_prompts(per_task: int, code_prompts: int):
+    return task_tuning_prompts(per_task) + code_tuning_prompts(code_prompts)
 
 
 def code_and_task_prompts(code_prompts: int, per_task: int, tasks: list[str]):
     """HumanEval items 100 .. 99 + ``code_prompts``, then Spec-Bench items 41+ of ``tasks``
     (:func:`task_tuning_prompts`): tuning prompts no benchmark suite uses."""
-    from specgraft.suites import DATA_DIR, read_prompt_file
-
-    return read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + code_prompts] + task_tuning_prompts(per_task, tasks)
+    return code_tuning_prompts(code_prompts) + task_tuning_prompts(per_task, tasks)
 
 
 def hf_assisted(base, draft, max_new_tokens: int = 128):
