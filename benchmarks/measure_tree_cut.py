@@ -5,7 +5,9 @@ tokens, EOS stops. Per prompt: ``ar`` once (the reference every output must equa
 order that alternates from prompt to prompt: ``long`` (``draft-tree`` with long chains and no
 cut, ``GraftOptions(row_cost=0)``), ``cut`` (``draft-tree``'s default: the cpu preset's
 ``long_row_cost``), ``adapt`` (the default with ``extend_adapt=True``: each sequence caps its
-chains by what the target accepted of its recent ones) and HF's
+chains by what the target accepted of its recent ones), ``copy`` and ``nocopy`` (the default
+with ``copy_ahead`` rows guessed per extension forward, ``--copy-ahead``, and with none; the
+default guesses 7 since copy-ahead was measured with this script: that run's ``cut`` had none) and HF's
 ``generate(assistant_model=draft)`` (``hf``), those named by ``--variants``, ``--rounds`` times. Prompts:
 HumanEval items 100+ (``--code``) and Spec-Bench items 41+ of ``--tasks`` (which no benchmark
 suite uses), or the first turns of a JSONL ``--suite``::
@@ -35,14 +37,16 @@ def main() -> None:
     parser.add_argument("--per-task", type=int, default=2)
     parser.add_argument("--suite", default=None, help="a JSONL prompt file instead of the tuning prompts")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--variants", default="long,cut,hf", help="comma-separated, of long, cut, adapt, hf")
+    parser.add_argument("--variants", default="long,cut,hf", help="comma-separated, of long, cut, adapt, copy, nocopy, hf")
+    parser.add_argument("--copy-ahead", type=int, default=7, help="the copy variant's guessed rows per extension forward")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = load_base(args)
     g = base.options.graft
     draft = load_draft(args, base)
     variants = args.variants.split(",")
-    known = {"long": dataclasses.replace(g, row_cost=0.0), "cut": g, "adapt": dataclasses.replace(g, extend_adapt=True)}
+    known = {"long": dataclasses.replace(g, row_cost=0.0), "cut": g, "adapt": dataclasses.replace(g, extend_adapt=True),
+             "copy": dataclasses.replace(g, copy_ahead=args.copy_ahead), "nocopy": dataclasses.replace(g, copy_ahead=0)}
     unknown = [v for v in variants if v not in known and v != "hf"]
     if unknown:
         parser.error(f"unknown variants {unknown}: choose from {sorted(known) + ['hf']}")

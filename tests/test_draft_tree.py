@@ -643,7 +643,11 @@ def test_cpu_preset_gives_draft_tree_long_chains_and_graft_its_budget():
     for variant, tree_budget, extend, row_cost in (("draft-tree", 8, 12, 0.05), ("graft-prune", None, 8, None)):
         drafters, _ = build_graft_method(variant, HFTarget(lm), GraftOptions(), draft_model=perturbed(lm))
         cfg = drafters[0].config
-        assert (cfg.tree_budget, cfg.extend, cfg.row_cost) == (tree_budget, extend, row_cost), variant
+        assert (cfg.tree_budget, cfg.extend, cfg.row_cost, cfg.copy_ahead) == (tree_budget, extend, row_cost, 7), variant
+    drafters, _ = build_graft_method("draft-tree", HFTarget(lm), GraftOptions(copy_ahead=0), draft_model=perturbed(lm))
+    assert drafters[0].config.copy_ahead == 0, "0 turns copy-ahead off"
+    with pytest.raises(ValueError, match="copy_ahead must be"):
+        GraftOptions(copy_ahead=-1)
     for given, row_cost in ((0, None), (0.1, 0.1)):
         drafters, _ = build_graft_method("draft-tree", HFTarget(lm), GraftOptions(row_cost=given), draft_model=perturbed(lm))
         assert drafters[0].config.row_cost == row_cost, "0 turns the cut off; a value overrides the preset's"
@@ -675,3 +679,71 @@ def test_cost_aware_cut_verifies_fewer_nodes_and_equals_plain_greedy(arch):
             total, steps = total + engine.last_stats.tree_nodes, steps + engine.last_stats.steps
         nodes[row_cost] = total / steps
     assert 0 < nodes[0.05] < nodes[0], nodes
+
+
+def test_copy_ahead_drafts_the_same_chain_in_fewer_forwards():
+    """``copy_ahead``: an extension forward also feeds the tokens that followed the path's last
+    n-gram earlier in the context; the chain keeps them while the draft's own top token equals
+    the guess, so the pool is the plain extension's, drafted in fewer forwards, whether the
+    guess holds all the way, breaks off mid-way, or never starts."""
+    lm = TableLM(chain_table({t: 0.95 for t in range(16)}, vocab=32), 32)
+    # the chain after root 0 is 1, 2, 3, ...; the context holds 0, 1, 2, 3, 4, 5 (a 3-gram match
+    # for the path's 0, 1, 2) followed by the chain (a) or breaking off after 4 (b), or no match (c)
+    contexts = {
+        "whole": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 20, 0],
+        "breaks": [0, 1, 2, 3, 4, 30, 31, 20, 0],
+        "none": [20, 21, 22, 0],
+    }
+    for name, context in contexts.items():
+        pools, forwards = {}, {}
+        for ahead in (0, 4):
+            drafter = DraftModelDrafter(lm, DraftTreeConfig(depth=2, top_k=1, extend=8, extend_min=0.3, copy_ahead=ahead))
+            lm.forwards = 0
+            pools[ahead] = drafter.draft_pool(begin(drafter, context), context)
+            forwards[ahead] = lm.forwards
+        assert pools[4].tokens == pools[0].tokens == list(range(1, 11)), name
+        assert pools[4].parents == pools[0].parents and pools[4].scores == pytest.approx(pools[0].scores), name
+        assert forwards[0] == 2 + 8, name
+        # whole: 8 extension nodes in forwards of 1 + 4 rows: 5 + 3 nodes; breaks: the guess
+        # [3, 4, 30, 31] holds for 3, 4 (three nodes), then 1 + 4 rows guessing nothing more
+        assert forwards[4] == {"whole": 2 + 2, "breaks": 2 + 6, "none": 2 + 8}[name], (name, forwards)
+    # an extension that stops on confidence stops at the same node with or without guesses
+    weak = TableLM(chain_table({0: 0.95, 1: 0.95, 2: 0.95, 3: 0.6, 4: 0.6}, vocab=32), 32)
+    got = {}
+    for ahead in (0, 6):
+        drafter = DraftModelDrafter(weak, DraftTreeConfig(depth=2, top_k=1, extend=8, extend_min=0.3, copy_ahead=ahead))
+        got[ahead] = drafter.draft_pool(begin(drafter, contexts["whole"]), contexts["whole"]).tokens
+    assert got[6] == got[0] == [1, 2, 3, 4, 5, 6], "fed 5 at path probability .31, not 6 at .15"
+    with pytest.raises(ValueError, match="copy_ahead must be"):
+        DraftTreeConfig(copy_ahead=-1)
+    with pytest.raises(ValueError, match="copy_ngram must be"):
+        DraftTreeConfig(copy_ngram=0)
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_copy_ahead_draft_tree_greedy_equals_plain_decoding_and_its_plain_twin(arch):
+    """With guessed rows in the extension forwards, outputs equal plain greedy decoding, every
+    step verifies the same tree as without them (same steps and nodes), and some drafting
+    forwards are saved on prompts that repeat themselves."""
+    model = TINY_MODELS[arch]()
+    draft = perturbed(model, scale=0.02)
+    target = HFTarget(model)
+    config = GenerationConfig(max_new_tokens=MAX_NEW, budget=12)
+    stats = {}
+    for ahead in (0, 6):
+        options = GraftOptions(depth=2, top_k=2, extend=6, extend_min=0.0, stop_min=0.0, copy_ahead=ahead)
+        drafters, composer = build_graft_method("draft-tree", target, options, draft_model=draft)
+        engine = SpecEngine(target, drafters, composer, method="draft-tree")
+        steps = nodes = forwards = 0
+        for prompt, _ in make_prompts(20, model.config.vocab_size):
+            seq = engine.start(prompt, config)
+            while not seq.done:
+                engine.step(seq)
+                forwards += len(seq.drafter_states[0].forward_s)
+            got = seq.context[len(prompt):]
+            engine.finish(seq)
+            assert got == hf_greedy(model, prompt, MAX_NEW), f"{arch}, copy_ahead {ahead}"
+            steps, nodes = steps + engine.last_stats.steps, nodes + engine.last_stats.tree_nodes
+        stats[ahead] = (steps, nodes, forwards)
+    assert stats[6][:2] == stats[0][:2], stats
+    assert stats[6][2] < stats[0][2], stats

@@ -120,6 +120,8 @@ class BenchConfig:
     """Early stop of the draft tree (``GraftOptions.stop_min``); None = the preset's."""
     draft_row_cost: float | None = None
     """Cost-aware cut of ``draft-tree``'s nodes (``GraftOptions.row_cost``); None = the preset's."""
+    draft_copy_ahead: int | None = None
+    """Rows an extension forward guesses from the context (``GraftOptions.copy_ahead``); None = the preset's."""
     warmup_tokens: int = 16
     """New tokens of each method's warm-up generation."""
     device: str = "auto"
@@ -262,7 +264,7 @@ class BenchConfig:
         """The options every registry method is built with."""
         graft = GraftOptions(
             draft_model=self.draft_model, draft_dtype=self.dtype, draft_quant=self.draft_quant, preset=self.preset, calibration=self.calibration,
-            extend=self.draft_extend, stop_min=self.draft_stop_min, row_cost=self.draft_row_cost,
+            extend=self.draft_extend, stop_min=self.draft_stop_min, row_cost=self.draft_row_cost, copy_ahead=self.draft_copy_ahead,
         )
         if self.sample_drafts:
             graft = with_sampled_drafts(graft, self.temperature)
@@ -279,7 +281,7 @@ class BenchConfig:
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "resolved_draft_quant", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
                 "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape",
-                "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min", "draft_row_cost")
+                "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min", "draft_row_cost", "draft_copy_ahead")
         out = {k: getattr(self, k) for k in keep}
         out["datastores"] = list(self.datastores)  # as run.json stores it
         return out
@@ -326,6 +328,8 @@ class BenchConfig:
             parts += ["--draft-stop-min", str(self.draft_stop_min)]
         if self.draft_row_cost is not None:
             parts += ["--draft-row-cost", str(self.draft_row_cost)]
+        if self.draft_copy_ahead is not None:
+            parts += ["--draft-copy-ahead", str(self.draft_copy_ahead)]
         if self.device != "auto":
             parts += ["--device", self.device]
         if self.learning != "request":
@@ -474,7 +478,7 @@ _RECORDED_SINCE = {
     "resolved_draft_quant": lambda before: "none" if before.get("draft_model") else None,
     "preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None,
     "vllm_spec_tokens": 5, "row_cost": None, "draft_extend": None,
-    "draft_stop_min": None, "draft_row_cost": None,
+    "draft_stop_min": None, "draft_row_cost": None, "draft_copy_ahead": None,
 }
 
 

@@ -67,6 +67,11 @@ def bench(
         help="draft-tree: cut each step's kept nodes, best first, where expected tokens per unit of cost peak, a verified "
         "row costing this fraction of a step that verifies none (default: the preset's, 0.05 on cpu; 0 = no cut; recorded).",
     ),
+    draft_copy_ahead: Optional[int] = typer.Option(
+        None, "--draft-copy-ahead",
+        help="Rows each draft-tree extension forward guesses from the context, kept while the draft agrees (draft-tree, "
+        "graft*; default: the preset's; 0 = off; recorded).",
+    ),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; recorded)."),
     device: str = typer.Option("auto", "--device", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; recorded."),
     learning: str = typer.Option(
@@ -109,7 +114,7 @@ def bench(
         model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, draft_quant=draft_quant, per_task=per_task,
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
         threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
-        preset=preset, sample_drafts=sample_drafts, draft_extend=draft_extend, draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, device=device, learning=learning, datastores=split_paths(datastore),
+        preset=preset, sample_drafts=sample_drafts, draft_extend=draft_extend, draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, draft_copy_ahead=draft_copy_ahead, device=device, learning=learning, datastores=split_paths(datastore),
         reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens,
         row_cost=row_cost_value(row_cost, model, device, threads),
     )

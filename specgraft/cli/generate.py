@@ -190,6 +190,12 @@ DRAFT_ROW_COST = typer.Option(
     "costing this fraction of a step that verifies none (target one-row forward plus drafting); default: the preset's, "
     "0.05 on cpu (with long chains); 0 = no cut.",
 )
+DRAFT_COPY_AHEAD = typer.Option(
+    None, "--draft-copy-ahead",
+    help="Each draft-tree extension forward also feeds up to this many tokens copied from an earlier occurrence of the "
+    "path's last n-gram, keeping those the draft agrees with: the same chains in fewer draft forwards (default: the "
+    "preset's; 0 = off).",
+)
 LEARNING = typer.Option("request", help="request (default) or shared: see `specgraft.drafters.base.Learning`.")
 DATASTORE = typer.Option(None, "--datastore", help="Datastore directory for reader (repeat or comma list; `specgraft datastore build`).")
 READER_SHAPE = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune`.")
@@ -243,6 +249,7 @@ def method_options(
     draft_extend: Optional[int] = None,
     draft_stop_min: Optional[float] = None,
     draft_row_cost: Optional[float] = None,
+    draft_copy_ahead: Optional[int] = None,
 ) -> MethodOptions:
     """The :class:`MethodOptions` of the options above; ``sample_drafts_at``: sample draft children
     at this temperature (``--sample-drafts``); ``draft_quant``: the draft model's numerics."""
@@ -250,7 +257,7 @@ def method_options(
 
     graft = GraftOptions(
         draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant, preset=preset, depth=draft_depth, top_k=draft_top_k,
-        extend=draft_extend, stop_min=draft_stop_min, row_cost=draft_row_cost, calibration=calibration,
+        extend=draft_extend, stop_min=draft_stop_min, row_cost=draft_row_cost, copy_ahead=draft_copy_ahead, calibration=calibration,
     )
     if sample_drafts_at is not None:
         graft = with_sampled_drafts(graft, sample_drafts_at)
@@ -323,6 +330,7 @@ def generate(
     draft_extend: Optional[int] = DRAFT_EXTEND,
     draft_stop_min: Optional[float] = DRAFT_STOP_MIN,
     draft_row_cost: Optional[float] = DRAFT_ROW_COST,
+    draft_copy_ahead: Optional[int] = DRAFT_COPY_AHEAD,
     draft_quant: str = draft_quant_option(),
     threads: Optional[int] = THREADS,
     device: str = DEVICE,
@@ -338,7 +346,7 @@ def generate(
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore,
         reader_shape=reader_shape, sample_drafts_at=temperature if sample_drafts else None, draft_quant=draft_quant,
         row_cost=row_cost_value(row_cost, model, device, threads), cost_table=cost_table, draft_extend=draft_extend,
-        draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost,
+        draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, draft_copy_ahead=draft_copy_ahead,
     )
     run_generate(
         prompt, model, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from specgraft.cli.generate import (
-    CALIBRATION, DATASTORE, DEVICE, DRAFT_DEPTH, DRAFT_EXTEND, DRAFT_MODEL, DRAFT_ROW_COST, DRAFT_STOP_MIN, DRAFT_TOP_K, DTYPE, LEARNING, PRESET, READER_SHAPE, RECYCLING_STATE, ROW_COST,
+    CALIBRATION, DATASTORE, DEVICE, DRAFT_COPY_AHEAD, DRAFT_DEPTH, DRAFT_EXTEND, DRAFT_MODEL, DRAFT_ROW_COST, DRAFT_STOP_MIN, DRAFT_TOP_K, DTYPE, LEARNING, PRESET, READER_SHAPE, RECYCLING_STATE, ROW_COST,
     draft_quant_option,
     THREADS, _method_help, err, method_options, row_cost_value, set_threads,
 )
@@ -50,6 +50,7 @@ def serve(
     draft_extend: Optional[int] = DRAFT_EXTEND,
     draft_stop_min: Optional[float] = DRAFT_STOP_MIN,
     draft_row_cost: Optional[float] = DRAFT_ROW_COST,
+    draft_copy_ahead: Optional[int] = DRAFT_COPY_AHEAD,
     draft_quant: str = draft_quant_option(),
     recycling_state: Optional[str] = RECYCLING_STATE,
     learning: str = LEARNING,
@@ -78,7 +79,7 @@ def serve(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore, reader_shape=reader_shape,
         draft_quant=draft_quant, row_cost=row_cost_value(row_cost, model, device, threads), draft_extend=draft_extend,
-        draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, cost_table="auto" if cost_table is None else cost_table,  # an explicit table is read here, before the model loads
+        draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, draft_copy_ahead=draft_copy_ahead, cost_table="auto" if cost_table is None else cost_table,  # an explicit table is read here, before the model loads
     )
     decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options)
     # the decoder resolved `auto` to this model's table on its device: the same table gives the

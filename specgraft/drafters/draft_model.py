@@ -66,6 +66,28 @@ deterministic drafts is verified by sample-and-match, exact for any tree). The c
 the draft and on earlier steps' outcomes, never on this step's verification, so greedy outputs
 equal ``ar`` and sampled ones keep the target's distribution.
 
+**Copy-ahead** (``copy_ahead > 0``). Where an answer copies its input (a summary quoting the
+document, code repeating a name), the extension's chain is the context again, and feeding it one
+row per forward pays a whole draft forward per token: on the 2-core Zen 3 an int8 0.5B forward
+over ~700 cached tokens costs ~76 ms for one row, ~115 ms for four, ~125 ms for eight. So each
+extension forward also feeds, as a chain under the row it feeds, up to ``copy_ahead`` tokens that
+followed the most recent earlier occurrence of the path's last n-gram (context plus path; the
+longest ``n`` of 3 down to ``copy_ngram``: :func:`copy_guess`, prompt lookup's guess). Row ``i``'s
+output is used exactly when the plain loop would have fed row ``i``: the draft's top token of row
+``i - 1`` equals the guess fed at row ``i`` and the chain would continue (``extend``,
+``extend_min``, the budget); the rows after the first mismatch are never read and never
+committed. So the chain's tokens and scores are the plain extension's (up to the last bits of a
+multi-row forward's arithmetic, and an int8 draft's activation scale, which the other rows of the
+forward share), drafted in fewer forwards. The cpu preset guesses 7 rows (a forward of 8 rows
+costs ~1.6 one-row forwards): on the first turns of issue 14's set (24 prompts, Zen 3,
+``benchmarks/measure_tree_cut.py --variants cut,copy,hf``) ``draft-tree`` drafted in 10% less
+time (summarization 25%, code 16% less) in as many steps (489 against 488), every output equal
+to ``ar``; where answers copy little (translation, qa, mt_bench) it guesses rarely and drafted
+as before. Worked example: the path ends ``... the cat sat``, the
+context has ``the cat sat on the mat .`` earlier, ``copy_ahead = 4``: one forward feeds
+``sat, on, the, mat, .``; the draft's tops are ``on, the, mat, ,``: four chain nodes (``on, the,
+mat, ,``) from one forward instead of four, and the next forward feeds ``,`` with a new guess.
+
 **Early stop** (``stop_min > 0``; HF's assisted generation stops its chain at the first draft
 token under 0.4, so a step whose draft is unsure costs it one or two draft forwards). After each
 layer, when the best node of that layer has a path probability ``exp(S)`` below ``stop_min``, no
@@ -164,11 +186,13 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar, Generator, Protocol, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.base import StatelessDrafter
+from specgraft.drafters.pld import find_matches
 from specgraft.models.hf import HFTarget, synchronize
 from specgraft.tree.paths import best_first, cost_aware_subset
 from specgraft.types import Draft, PrefillOutput, RowsOutput, StepResult, reindex
@@ -182,6 +206,33 @@ def check_vocab(target_vocab: int | None, draft_vocab: int) -> None:
             f"the draft model's vocabulary has {draft_vocab} tokens but the target's has {target_vocab}; "
             "the draft model must use the target's tokenizer (e.g. a smaller model of the same family)"
         )
+
+
+#: Longest n-gram the copy-ahead guess looks up (``DraftTreeConfig.copy_ahead``).
+COPY_MAX_NGRAM = 3
+
+
+def copy_guess(seq: np.ndarray, length: int, min_ngram: int = 2, max_ngram: int = COPY_MAX_NGRAM) -> list[int]:
+    """Up to ``length`` tokens that followed the most recent earlier occurrence of ``seq``'s last
+    ``n`` tokens, for the longest ``n`` from ``max_ngram`` down to ``min_ngram`` that occurs
+    (``[]`` when none does): prompt lookup's guess, which a copy-ahead extension feeds to the
+    draft model.
+
+    >>> copy_guess(np.array([5, 1, 2, 3, 4, 9, 1, 2, 7, 8, 1, 2]), 3)
+    [7, 8, 1]
+    >>> copy_guess(np.array([5, 1, 2, 3, 4, 9, 1, 2, 7, 8, 4, 1, 2]), 3), copy_guess(np.array([1, 2, 3, 2]), 3)
+    ([7, 8, 4], [])
+    >>> copy_guess(np.array([1, 2, 3, 2]), 3, min_ngram=1)
+    [3, 2]
+    """
+    if length <= 0:
+        return []
+    for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
+        found = find_matches(seq, n)
+        if len(found):
+            start = int(found[0]) + n
+            return seq[start : start + length].tolist()
+    return []
 
 
 @dataclass(frozen=True)
@@ -233,6 +284,14 @@ class DraftTreeConfig:
     the step's expected tokens per unit of cost peaks, each node's acceptance estimated by its
     path probability ``exp(S)`` (module docstring, *Cost-aware cut*; :func:`keep_count`). None =
     no such cut. Top-k drafting only."""
+    copy_ahead: int = 0
+    """Rows guessed from the context per extension forward (module docstring, *Copy-ahead*): each
+    extension forward also feeds up to this many tokens that followed an earlier occurrence of
+    the path's last ``copy_ngram`` tokens, and keeps the chain's nodes while the draft's own top
+    token equals the guess. Changes what a chain costs, not which tokens it holds. 0 = off."""
+    copy_ngram: int = 2
+    """Shortest n-gram match (of the context and the path) that guesses rows for ``copy_ahead``
+    (the longest of 3 down to this is used, the most recent occurrence)."""
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -251,6 +310,10 @@ class DraftTreeConfig:
             raise ValueError(f"tree_budget must be an integer >= 1 (or None), got {self.tree_budget!r}")
         if self.row_cost is not None and not self.row_cost >= 0.0:
             raise ValueError(f"row_cost must be >= 0 (or None), got {self.row_cost!r}")
+        if not isinstance(self.copy_ahead, int) or self.copy_ahead < 0:
+            raise ValueError(f"copy_ahead must be an integer >= 0, got {self.copy_ahead!r}")
+        if not isinstance(self.copy_ngram, int) or not 1 <= self.copy_ngram <= COPY_MAX_NGRAM:
+            raise ValueError(f"copy_ngram must be an integer in [1, {COPY_MAX_NGRAM}], got {self.copy_ngram!r}")
         if self.expand is not None and (not isinstance(self.expand, int) or self.expand < 1):
             raise ValueError(f"expand must be an integer >= 1 (or None: top_k), got {self.expand!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -291,6 +354,8 @@ class DraftPreset:
     """``draft-tree``'s extension with ``long_budget`` (None = ``extend``)."""
     long_row_cost: float | None = None
     """``draft-tree``'s cost-aware cut with ``long_budget`` (``DraftTreeConfig.row_cost``; None = none)."""
+    copy_ahead: int = 0
+    """Rows an extension forward guesses from the context (``DraftTreeConfig.copy_ahead``)."""
 
 
 PRESETS: dict[str, DraftPreset] = {
@@ -303,9 +368,12 @@ PRESETS: dict[str, DraftPreset] = {
     # tuning prompts (Zen 3, one process) draft-tree went from 2.38x to 2.56x `ar` (code 2.47x -> 2.79x)
     # long_row_cost=0.05 (draft-tree only): issue 14's six short answers 59.4 s -> 56.3 s a round over three
     # alternating rounds (182 nodes verified instead of 301), 11 tuning prompts 2.07x -> 2.12x `ar` (Zen 3)
+    # copy_ahead=7: on the first turns of issue 14's 27 generations (24 prompts, one alternating
+    # process, Zen 3) draft-tree drafted in 180.6 s instead of 201.3 s (summarization 20.7 s vs
+    # 27.6 s, code 60.4 s vs 71.6 s) in 489 steps instead of 488, 738 s vs 745 s in all
     "cpu": DraftPreset(
         depth=4, top_k=2, checkpoints=(0, 1, 2), thresholds=(0.14, 0.14, 0.49), budget=8, extend=8, stop_min=0.35,
-        long_budget=16, long_extend=12, long_row_cost=0.05,
+        long_budget=16, long_extend=12, long_row_cost=0.05, copy_ahead=7,
     ),
 }
 
@@ -722,23 +790,44 @@ class DraftModelDrafter(StatelessDrafter):
             node, score = int(node_ids[best]), flat[best : best + 1]
             token, parent_row = kids.flatten()[best : best + 1], frontier_rows[best // k : best // k + 1]
             pool = torch.cat([s for _, _, s, *_ in layers])
-            for _ in range(room):
-                if not self._worth_extending(float(score), pool, budget):
-                    break
-                out = yield _Rows(token, parent_row)
-                parent_row = torch.tensor([rows_fed], device=dev)
-                rows_fed += 1
-                expanded.append((torch.tensor([node], device=dev), parent_row))
-                top = torch.log_softmax(out.logits[-1:].float(), dim=-1).max(dim=-1)
-                token, score = top.indices, score + top.values
-                layers.append((token, torch.tensor([node], device=dev), score, None, torch.ones(1, dtype=torch.bool, device=dev)))
-                pool = torch.cat([pool, score])
-                node, n_nodes = n_nodes, n_nodes + 1
-                chain += 1
+            # copy-ahead: the context and the tip's path, which the guesses continue
+            seq = np.concatenate([np.asarray(context, dtype=np.int64), self._path_tokens(layers, node)]) if cfg.copy_ahead else None
+            while chain < room and self._worth_extending(float(score), pool, budget):
+                guess = [] if seq is None else copy_guess(seq, min(cfg.copy_ahead, room - chain - 1), cfg.copy_ngram)
+                fed = token if not guess else torch.cat([token, torch.tensor(guess, device=dev)])
+                out = yield _Rows(fed, torch.cat([parent_row, rows_fed + torch.arange(len(guess), device=dev)]))
+                # [1 + len(guess)]: the draft's top child of each fed row
+                top = torch.log_softmax(out.logits.float(), dim=-1).max(dim=-1)
+                for i in range(len(guess) + 1):
+                    # row i's output counts only while the plain loop would have fed row i
+                    # (the guesses before it were the draft's own top tokens, and it would continue)
+                    if i > 0 and (int(token) != guess[i - 1] or not (chain < room and self._worth_extending(float(score), pool, budget))):
+                        break
+                    parent_row = torch.tensor([rows_fed + i], device=dev)
+                    expanded.append((torch.tensor([node], device=dev), parent_row))
+                    token, score = top.indices[i : i + 1], score + top.values[i : i + 1]
+                    layers.append((token, torch.tensor([node], device=dev), score, None, torch.ones(1, dtype=torch.bool, device=dev)))
+                    pool = torch.cat([pool, score])
+                    node, n_nodes = n_nodes, n_nodes + 1
+                    chain += 1
+                    if seq is not None:
+                        seq = np.append(seq, int(token))
+                rows_fed += len(guess) + 1
         draft = self._to_host(state, layers, q_tables, expanded, root_row, stage, confidences)
         if eligible and state.proposal is not None:
             state.proposal.extension = (depth, chain)
         return draft
+
+    @staticmethod
+    def _path_tokens(layers: list[tuple[torch.Tensor, ...]], node: int) -> np.ndarray:
+        """Tokens of the path from the root's first child to pool node ``node``, inclusive."""
+        tokens = torch.cat([t for t, *_ in layers]).tolist()
+        parents = torch.cat([p for _, p, *_ in layers]).tolist()
+        path = []
+        while node >= 0:
+            path.append(tokens[node])
+            node = parents[node]
+        return np.array(path[::-1], dtype=np.int64)
 
     def _worth_extending(self, score: float, pool: torch.Tensor, budget: int | None) -> bool:
         """Whether to feed the path's last node (path score ``score``, already in ``pool``) for

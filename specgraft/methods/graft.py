@@ -88,6 +88,9 @@ class GraftOptions:
     """Override the cost-aware cut of the tree's kept nodes: one more verified row's cost as a
     fraction of a step that verifies none (``DraftTreeConfig.row_cost``; 0 = no cut; None: the
     preset's ``long_row_cost`` where :func:`long_chains` applies, else no cut)."""
+    copy_ahead: int | None = None
+    """Override the rows an extension forward guesses from the context (``DraftTreeConfig.copy_ahead``;
+    0 = off; None = the preset's): the same chains in fewer draft forwards where the answer copies."""
     calibration: str | None = None
     """Calibration JSON from ``specgraft calibrate`` (thresholds + warmed-up successor matrix)."""
     thresholds: tuple[float, ...] | None = None
@@ -117,6 +120,8 @@ class GraftOptions:
             raise ValueError(f"extend must be an integer >= 0, got {self.extend!r}")
         if self.row_cost is not None and not self.row_cost >= 0.0:
             raise ValueError(f"row_cost must be >= 0 (0 = no cut), got {self.row_cost!r}")
+        if self.copy_ahead is not None and (not isinstance(self.copy_ahead, int) or self.copy_ahead < 0):
+            raise ValueError(f"copy_ahead must be an integer >= 0 (0 = off), got {self.copy_ahead!r}")
         if self.thresholds is not None:
             object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
 
@@ -360,6 +365,7 @@ def build_graft_method(
         **({} if options.extend_adapt is None else {"extend_adapt": bool(options.extend_adapt)}),
         tree_budget=(preset.budget if long else None) if options.tree_budget is None else options.tree_budget,
         row_cost=(preset.long_row_cost if long else None) if options.row_cost is None else options.row_cost or None,
+        copy_ahead=preset.copy_ahead if options.copy_ahead is None else options.copy_ahead,
         checkpoints=checkpoints if config.gated else (),
         thresholds=thresholds,
         sample=options.sample_drafts,
