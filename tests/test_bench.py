@@ -235,6 +235,9 @@ def test_budgets_and_dtype_are_resolved():
     assert cfg.budget is None and cfg.budgets == {m: METHODS[m].default_budget for m in ("ar", "pld", "draft-tree")}
     assert BenchConfig(model="m", out="o", budget=5).budgets == {"ar": 5, "pld": 5, "recycling": 5}
     assert "--budget" not in cfg.to_command() and "--budget 5" in BenchConfig(model="m", out="o", budget=5).to_command()
+    copy = BenchConfig(model="m", out="o", methods="draft-tree", draft_model="d", draft_copy_ahead=0)
+    assert "--draft-copy-ahead" not in cfg.to_command() and "--draft-copy-ahead 0" in copy.to_command()
+    assert copy.method_options().graft.copy_ahead == 0 and copy.comparable()["draft_copy_ahead"] == 0
     assert cfg.dtype == "auto" and cfg.resolved_dtype == str(parse_dtype("auto")).removeprefix("torch.")
     assert cfg.comparable()["budgets"] == cfg.budgets and cfg.comparable()["resolved_dtype"] == cfg.resolved_dtype
 

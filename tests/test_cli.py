@@ -87,7 +87,7 @@ def test_generate_draft_tree(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir
     code, out, err = run_cli(
         monkeypatch, capsys, "generate", "--model", tiny_model_dir, "--dtype", "float32", "--method", "draft-tree",
         "--draft-model", tiny_draft_dir, "--draft-depth", "2", "--draft-top-k", "3", "--max-new-tokens", "12",
-        "--threads", "1", "--compare", "--json", "--draft-row-cost", "0", PROMPT,  # no cut: a random draft's nodes are all unlikely
+        "--threads", "1", "--compare", "--json", "--draft-row-cost", "0", "--draft-copy-ahead", "3", PROMPT,  # no cut: a random draft's nodes are all unlikely
     )
     assert code == 0, err
     data = json.loads(out)
@@ -96,6 +96,7 @@ def test_generate_draft_tree(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir
     assert config["generation"]["budget"] == METHODS["draft-tree"].default_budget
     graft = config["options"]["graft"]
     assert (graft["draft_model"], graft["depth"], graft["top_k"], graft["draft_dtype"], graft["row_cost"]) == (tiny_draft_dir, 2, 3, "float32", 0.0)
+    assert graft["copy_ahead"] == 3
     # --draft-quant auto: int8 on CPU, bf16 on a GPU
     expected_numerics = "int8" if torch.device(config["device"]).type == "cpu" else "bfloat16"
     assert config["draft_model"] == {"name_or_path": tiny_draft_dir, "dtype": "float32", "numerics": expected_numerics}
