@@ -194,7 +194,7 @@ from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.base import StatelessDrafter
 from specgraft.drafters.pld import find_matches
 from specgraft.models.hf import HFTarget, synchronize
-from specgraft.tree.paths import best_first, cost_aware_subset
+from specgraft.tree.paths import best_first, cost_aware_subset, token_paths
 from specgraft.types import Draft, PrefillOutput, RowsOutput, StepResult, reindex
 from specgraft.verify.processing import target_probs
 
@@ -791,8 +791,15 @@ class DraftModelDrafter(StatelessDrafter):
             token, parent_row = kids.flatten()[best : best + 1], frontier_rows[best // k : best // k + 1]
             pool = torch.cat([s for _, _, s, *_ in layers])
             # copy-ahead: the context and the tip's path, which the guesses continue
-            seq = np.concatenate([np.asarray(context, dtype=np.int64), self._path_tokens(layers, node)]) if cfg.copy_ahead else None
-            while chain < room and self._worth_extending(float(score), pool, budget):
+            seq = None
+            if cfg.copy_ahead:
+                pool_paths = token_paths(torch.cat([t for t, *_ in layers]).tolist(), torch.cat([p for _, p, *_ in layers]).tolist())
+                seq = np.array([*context, *pool_paths[node]], dtype=np.int64)
+
+            def goes_on() -> bool:  # the plain chain feeds its tip for a child
+                return chain < room and self._worth_extending(float(score), pool, budget)
+
+            while goes_on():
                 guess = [] if seq is None else copy_guess(seq, min(cfg.copy_ahead, room - chain - 1), cfg.copy_ngram)
                 fed = token if not guess else torch.cat([token, torch.tensor(guess, device=dev)])
                 out = yield _Rows(fed, torch.cat([parent_row, rows_fed + torch.arange(len(guess), device=dev)]))
@@ -801,7 +808,7 @@ class DraftModelDrafter(StatelessDrafter):
                 for i in range(len(guess) + 1):
                     # row i's output counts only while the plain loop would have fed row i
                     # (the guesses before it were the draft's own top tokens, and it would continue)
-                    if i > 0 and (int(token) != guess[i - 1] or not (chain < room and self._worth_extending(float(score), pool, budget))):
+                    if i > 0 and (int(token) != guess[i - 1] or not goes_on()):
                         break
                     parent_row = torch.tensor([rows_fed + i], device=dev)
                     expanded.append((torch.tensor([node], device=dev), parent_row))
@@ -817,17 +824,6 @@ class DraftModelDrafter(StatelessDrafter):
         if eligible and state.proposal is not None:
             state.proposal.extension = (depth, chain)
         return draft
-
-    @staticmethod
-    def _path_tokens(layers: list[tuple[torch.Tensor, ...]], node: int) -> np.ndarray:
-        """Tokens of the path from the root's first child to pool node ``node``, inclusive."""
-        tokens = torch.cat([t for t, *_ in layers]).tolist()
-        parents = torch.cat([p for _, p, *_ in layers]).tolist()
-        path = []
-        while node >= 0:
-            path.append(tokens[node])
-            node = parents[node]
-        return np.array(path[::-1], dtype=np.int64)
 
     def _worth_extending(self, score: float, pool: torch.Tensor, budget: int | None) -> bool:
         """Whether to feed the path's last node (path score ``score``, already in ``pool``) for
