@@ -45,6 +45,7 @@ from specgraft.agreement import agreement
 from specgraft.bench.contract import BenchMethod, MethodRun, SpecgraftMethod, with_max_new_tokens
 from specgraft.suites import BenchPrompt, Suite, load_suite, parse_suite_spec
 from specgraft.bench.environment import environment
+from specgraft.bench.peer_process import PEER_PROCESSES, PeerProcess, PeerProcessError, PeerSpec, RemotePeer
 from specgraft.bench.peers import PEERS, HFPeer
 from specgraft.bench.records import AR_END, RESULTS_FILE, ResultRow, append_row, read_rows
 from specgraft.bench.repetition import self_repetition
@@ -153,6 +154,11 @@ class BenchConfig:
     ``/work/.venv-vllm/bin/python`` (the resolved one is recorded in the rows)."""
     vllm_spec_tokens: int = 5
     """``num_speculative_tokens`` of every speculative vLLM peer."""
+    peer_process: str = "separate"
+    """Where the Hugging Face peers run: ``separate``, a child process that loads its own copy of
+    the models (what a peer's ``generate`` leaves in a process slowed our methods there, see
+    :mod:`specgraft.bench.peer_process`; costs a second copy of the models in memory); ``shared``,
+    this process, on our model objects."""
 
     def __post_init__(self) -> None:
         from specgraft.config import SamplingConfig
@@ -198,6 +204,8 @@ class BenchConfig:
         SamplingConfig(temperature=self.temperature, seed=self.seed)
         parse_dtype(self.dtype, self.resolved_device)
         self.resolved_draft_quant  # int8 off the CPU is an error
+        if self.peer_process not in PEER_PROCESSES:
+            raise ValueError(f"peer_process must be one of {', '.join(PEER_PROCESSES)}, got {self.peer_process!r}")
         if self.learning not in LEARNING:
             raise ValueError(f"learning must be one of {', '.join(LEARNING)}, got {self.learning!r}")
         for method, budget in self.budgets.items():
@@ -234,6 +242,16 @@ class BenchConfig:
         from specgraft.models.hf import resolve_device
 
         return str(resolve_device(self.device))
+
+    @property
+    def hf_peers(self) -> tuple[str, ...]:
+        """The Hugging Face peers that run, in run order (``hf`` first whenever one runs)."""
+        return tuple(m for m in self.run_methods if m in PEERS)
+
+    @property
+    def resolved_peer_process(self) -> str | None:
+        """``peer_process`` when a Hugging Face peer runs, else None (it then changes nothing)."""
+        return self.peer_process if self.hf_peers else None
 
     @property
     def resolved_draft_quant(self) -> str | None:
@@ -281,7 +299,7 @@ class BenchConfig:
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "resolved_draft_quant", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
                 "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape",
-                "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min", "draft_row_cost", "draft_copy_ahead")
+                "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min", "draft_row_cost", "draft_copy_ahead", "resolved_peer_process")
         out = {k: getattr(self, k) for k in keep}
         out["datastores"] = list(self.datastores)  # as run.json stores it
         return out
@@ -344,6 +362,8 @@ class BenchConfig:
             parts += ["--vllm-python", self.vllm_python]
         if self.vllm_spec_tokens != 5:
             parts += ["--vllm-spec-tokens", str(self.vllm_spec_tokens)]
+        if self.peer_process != "separate":
+            parts += ["--peer-process", self.peer_process]
         parts += ["--out", self.out]
         return " ".join(shlex.quote(p) for p in parts)
 
@@ -387,7 +407,8 @@ class LoadedModels:
 
 def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
     """Load the target once, and the draft model once (same loader, dtype and CPU kernels as the
-    target; its tokenizer must have the target's vocabulary)."""
+    target; its tokenizer must have the target's vocabulary) when one of our methods needs it or
+    ``hf-assisted`` runs in this process."""
     from specgraft.api import SpecDecoder
 
     decoder = SpecDecoder.from_pretrained(
@@ -396,7 +417,8 @@ def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
     if decoder.tokenizer is None:
         raise ValueError(f"model {cfg.model!r} has no tokenizer; the benchmark needs one")
     draft = None
-    if cfg.draft_model:
+    ours_need_draft = any(METHODS[m].needs_draft_model for m in cfg.run_methods if m in METHODS)
+    if cfg.draft_model and (ours_need_draft or (cfg.resolved_peer_process == "shared" and "hf-assisted" in cfg.run_methods)):
         draft = load_draft_model(
             cfg.draft_model, cfg.dtype, decoder.target.device, progress=cfg.progress, target_tokenizer=decoder.tokenizer,
             quant=cfg.draft_quant,
@@ -404,16 +426,28 @@ def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
     return LoadedModels(decoder, draft)
 
 
-def build_methods(cfg: BenchConfig, models: LoadedModels, options: MethodOptions) -> dict[str, BenchMethod]:
+def build_methods(
+    cfg: BenchConfig, models: LoadedModels, options: MethodOptions, peer_process: PeerProcess | None = None
+) -> dict[str, BenchMethod]:
     """One :class:`BenchMethod` per name in ``cfg.run_methods``, all over the one loaded target;
-    the peer ``hf-assisted`` and our draft-model methods share the one loaded draft model."""
+    our draft-model methods share the one loaded draft model. The Hugging Face peers run in
+    ``peer_process`` when one is given (on its own models), else here on ours (``hf-assisted``
+    then shares our draft model)."""
     config = models.decoder.make_config(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed, budget=cfg.budget
     )
     eos = sorted(models.decoder.engine.eos_token_ids)
     out: dict[str, BenchMethod] = {}
+    remote: dict[str, RemotePeer] = {}
+    if peer_process is not None:
+        remote_eos, _ = peer_process.wait_ready()
+        if remote_eos != eos:
+            raise PeerProcessError(f"the peers' process stops at EOS ids {remote_eos}, the bench at {eos}")
+        remote = peer_process.peers()
     for name in cfg.run_methods:
-        if name in PEERS:
+        if name in remote:
+            out[name] = remote[name]
+        elif name in PEERS:
             out[name] = HFPeer(
                 name, models.decoder.model, eos, cfg.max_new_tokens, cfg.temperature, cfg.seed, assistant_model=models.draft
             )
@@ -430,7 +464,7 @@ def warm_up(methods: dict[str, BenchMethod], ids: list[int], tokens: int) -> Non
     for name, m in methods.items():
         if name == AR_END:
             continue  # the same engine kind as ar, already warm
-        if isinstance(m, HFPeer):
+        if isinstance(m, (HFPeer, RemotePeer)):
             m.run(ids, max_new_tokens=tokens)
         else:
             assert isinstance(m, SpecgraftMethod)
@@ -479,6 +513,8 @@ _RECORDED_SINCE = {
     "preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None,
     "vllm_spec_tokens": 5, "row_cost": None, "draft_extend": None,
     "draft_stop_min": None, "draft_row_cost": None, "draft_copy_ahead": None,
+    # before peer_process, the peers ran in the bench's own process
+    "resolved_peer_process": lambda before: "shared" if any(m in PEERS for m in before.get("run_methods", ())) else None,
 }
 
 
@@ -495,6 +531,8 @@ def _check_resume(out: Path, cfg: BenchConfig) -> None:
             # a resumed session may add or drop methods: compare those both sessions run
             then = {m: b for m, b in then.items() if m in now}
             now = {m: b for m, b in now.items() if m in then}
+        if key == "resolved_peer_process" and None in (then, now):
+            continue  # one of the sessions ran no Hugging Face peer: nothing to compare
         if then != now:
             diff[key] = (then, now)
     if diff:
@@ -552,10 +590,13 @@ def _write_run_info(cfg: BenchConfig, suite: Suite, session: Session, notes: lis
     before = json.loads(run_file.read_text()) if run_file.exists() else {}
     # budgets of methods only earlier sessions ran stay on record for the next resume check
     budgets = {**before.get("config", {}).get("budgets", {}), **cfg.budgets}
+    # likewise where an earlier session's peers ran, when this one runs none
+    peer_process = cfg.resolved_peer_process or before.get("config", {}).get("resolved_peer_process")
     info = {
         "config": {
             **cfg.to_dict(), "run_methods": list(cfg.run_methods), "resolved_dtype": cfg.resolved_dtype,
             "resolved_draft_quant": cfg.resolved_draft_quant, "resolved_device": cfg.resolved_device, "budgets": budgets,
+            "resolved_peer_process": peer_process,
         },
         "command": cfg.to_command(),
         "environment": session.environment,
@@ -775,8 +816,6 @@ def run_benchmark(cfg: BenchConfig, console: Console | None = None) -> Path:
     """Run the benchmark described by ``cfg``; returns the path of the written ``report.md``."""
     import torch
 
-    from specgraft.bench.report import write_report
-
     console = console or Console(stderr=True, highlight=False)
     suite = load_suite(cfg.suite, cfg.per_task, cfg.alpaca_path)
     results, stored = _open_results(cfg)
@@ -785,8 +824,38 @@ def run_benchmark(cfg: BenchConfig, console: Console | None = None) -> Path:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     options = cfg.method_options()
+    peer_process = start_peer_process(cfg, console)
+    try:
+        return _run_loaded(cfg, options, suite, results, stored, peer_process, console)
+    finally:
+        if peer_process is not None:
+            peer_process.close()
+
+
+def start_peer_process(cfg: BenchConfig, console: Console) -> PeerProcess | None:
+    """The child process of the Hugging Face peers (``peer_process="separate"``), started so that
+    it loads while the bench loads its own models; None when the peers run here or none runs."""
+    if cfg.resolved_peer_process != "separate":
+        return None
+    spec = PeerSpec(
+        model=cfg.model, dtype=cfg.dtype, device=cfg.resolved_device, threads=cfg.threads, draft_model=cfg.draft_model,
+        draft_quant=cfg.draft_quant, peers=cfg.hf_peers, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+        seed=cfg.seed,
+    )
+    process = PeerProcess(spec).start()
+    if cfg.progress:
+        console.print(f"Hugging Face peers ({', '.join(cfg.hf_peers)}): loading their own models in process {process.pid}")
+    return process
+
+
+def _run_loaded(
+    cfg: BenchConfig, options: MethodOptions, suite: Suite, results: Path, stored: dict[tuple[str, int, str], ResultRow],
+    peer_process: PeerProcess | None, console: Console,
+) -> Path:
+    from specgraft.bench.report import write_report
+
     models = load_models(cfg, options)
-    methods = build_methods(cfg, models, options)
+    methods = build_methods(cfg, models, options, peer_process)
     session = Session(_session_id(), cfg, environment(cfg.resolved_dtype), models.decoder)
 
     has_template = bool(getattr(models.decoder.tokenizer, "chat_template", None))
@@ -804,6 +873,8 @@ def run_benchmark(cfg: BenchConfig, console: Console | None = None) -> Path:
     warmup_ids = models.decoder.encode(WARMUP_PROMPT, chat=first_chat)
     warm_up(methods, warmup_ids, cfg.warmup_tokens)
     generations = run_suite(suite, methods, session, results, stored, console)
+    if peer_process is not None:
+        peer_process.close()  # its models go before vLLM loads its own
     if cfg.vllm_methods:
         eos = sorted(models.decoder.engine.eos_token_ids)
         # one model copy at a time: ours is released before vLLM loads its own

@@ -90,6 +90,11 @@ def bench(
         help="Python of the vLLM venv that runs the vLLM peers (default: $SPECGRAFT_VLLM_PYTHON, else /work/.venv-vllm/bin/python).",
     ),
     vllm_spec_tokens: int = typer.Option(5, "--vllm-spec-tokens", help="num_speculative_tokens of the speculative vLLM peers."),
+    peer_process: str = typer.Option(
+        "separate", "--peer-process",
+        help="Where the Hugging Face peers run: separate (a child process with its own copy of the models, so that their "
+        "generate cannot slow our methods in this one; twice the memory) or shared (this process, our models; recorded).",
+    ),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md, plots/."),
     resume: bool = typer.Option(False, "--resume", help="Continue a run in --out, skipping finished rows."),
     bracket: bool = typer.Option(
@@ -115,7 +120,7 @@ def bench(
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
         threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
         preset=preset, sample_drafts=sample_drafts, draft_extend=draft_extend, draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, draft_copy_ahead=draft_copy_ahead, device=device, learning=learning, datastores=split_paths(datastore),
-        reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens,
+        reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens, peer_process=peer_process,
         row_cost=row_cost_value(row_cost, model, device, threads),
     )
     # after the options are checked: the budgets it derives are recorded with the run
