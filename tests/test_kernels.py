@@ -144,3 +144,21 @@ def test_gpu_forwards_leave_out_cudnn_attention():
     assert [f() for f in flags] == before, "the flags come back after the forward"
     with attention_backends(torch.device("cpu")):
         assert [f() for f in flags] == before
+
+
+
+def test_release_freed_memory(monkeypatch):
+    import ctypes
+    import sys
+
+    from specgraft.models import hf
+
+    try:
+        glibc = hasattr(ctypes.CDLL("libc.so.6"), "malloc_trim")
+    except OSError:
+        glibc = False
+    buffer = torch.ones(16 * 2**20)  # 64 MiB, touched, then freed
+    del buffer
+    assert hf.release_freed_memory() is (sys.platform.startswith("linux") and glibc)
+    monkeypatch.setattr(hf.sys, "platform", "darwin")
+    assert hf.release_freed_memory() is False, "no glibc: nothing done"

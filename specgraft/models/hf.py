@@ -27,7 +27,10 @@ materialising ``[prompt_len, vocab]`` at once.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import gc
 import inspect
+import sys
 import time
 from typing import Sequence
 
@@ -107,7 +110,29 @@ def load_causal_lm(
     ).eval()
     if fast_kernels and device.type == "cpu":
         use_onednn_linears(model)
+    release_freed_memory()
     return model
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap memory that loading freed back to the OS (glibc's ``malloc_trim(0)``).
+
+    Loading reads bf16 checkpoints into fp32 tensors and repacks the linears (and the int8 draft
+    quantizes them); glibc keeps the freed staging buffers in the process's heap, so the resident
+    size stays well above what the models hold. Measured on the Zen 3 (1.5B fp32 target through
+    ``SpecDecoder.from_pretrained`` + the int8 0.5B draft): 10.2 GiB resident after loading, 8.2 GiB
+    after the trim, the same after a generation. Returns False where there is no glibc (nothing
+    done), e.g. ``release_freed_memory()`` -> True on Linux.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # musl and other libcs
+        return False
+    gc.collect()
+    trim(0)
+    return True
 
 
 def check_tree_attention(model: PreTrainedModel) -> None:

@@ -48,7 +48,7 @@ def load_draft_model(
     """
     from transformers import AutoConfig
 
-    from specgraft.models.hf import load_causal_lm, parse_dtype
+    from specgraft.models.hf import load_causal_lm, parse_dtype, release_freed_memory
     from specgraft.models.kernels import use_onednn_linears
     from specgraft.models.quant import INT8_QUANTS, draft_load_dtype, quantize_int8_dynamic, resolve_draft_quant
     from specgraft.models.resolve import load_errors, resolve_model
@@ -68,6 +68,7 @@ def load_draft_model(
         if quant in INT8_QUANTS:
             quantize_int8_dynamic(model, row_groups=quant == "int8")
             use_onednn_linears(model)
+            release_freed_memory()  # the fp32 weights the int8 ones replaced
         _loaded_models[key] = model
     return model
 
