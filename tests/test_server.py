@@ -318,9 +318,14 @@ def test_16_concurrent_streams_equal_each_served_alone(server, http):
     assert app.state.worker.batch.num_running == 0
 
 
-def test_a_client_that_disconnects_frees_its_slot(server, http):
+def test_a_client_that_disconnects_frees_its_slot(server, http, monkeypatch):
     url, app = server
     before = metrics(http)
+    # every step takes >= 20 ms, so the 500 tokens are still running when the first chunk is read,
+    # even on a busy machine where the tiny model's steps alone could finish them first
+    batch = app.state.worker.batch
+    step = batch.step
+    monkeypatch.setattr(batch, "step", lambda: (time.sleep(0.02), step())[1])
     with http.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "w5 w6", "stream": True, **LONG}) as r:
         assert r.status_code == 200
         first = json.loads(next(sse_data(r.iter_lines())))
