@@ -8,7 +8,10 @@ cut, ``GraftOptions(row_cost=0)``), ``cut`` (``draft-tree``'s default: the cpu p
 chains by what the target accepted of its recent ones), ``copy`` and ``nocopy`` (the default
 with ``copy_ahead`` rows guessed per extension forward, ``--copy-ahead``, and with none; the
 default guesses 7 since copy-ahead was measured with this script: that run's ``cut`` had none) and HF's
-``generate(assistant_model=draft)`` (``hf``), those named by ``--variants``, ``--rounds`` times. Prompts:
+``generate(assistant_model=draft)`` (``hf``), those named by ``--variants``, ``--rounds`` times. ``hf``
+runs in a child process with its own target and draft (``--peer-process separate``, the default,
+as ``specgraft bench`` runs it: ``specgraft.bench.peer_process``; ``shared`` runs it on this
+process's models, which slowed our tree's later steps in the bench). Prompts:
 HumanEval items 100+ (``--code``) and Spec-Bench items 41+ of ``--tasks`` (which no benchmark
 suite uses), or the first turns of a JSONL ``--suite``::
 
@@ -27,9 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main() -> None:
     import torch
-    from measure_budget_gains import code_and_task_prompts, hf_assisted, load_base, load_draft, model_arguments, timed_generate
+    from measure_budget_gains import hf_assisted, load_base, load_draft, model_arguments
     from specgraft.methods import MethodOptions
-    from specgraft.suites import read_prompt_file
 
     parser = model_arguments(__doc__.splitlines()[0])
     parser.add_argument("--code", type=int, default=3)
@@ -39,6 +41,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--variants", default="long,cut,hf", help="comma-separated, of long, cut, adapt, copy, nocopy, hf")
     parser.add_argument("--copy-ahead", type=int, default=7, help="the copy variant's guessed rows per extension forward")
+    parser.add_argument("--peer-process", choices=("separate", "shared"), default="separate",
+                        help="where hf runs: a child process with its own models, or this one")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = load_base(args)
@@ -54,7 +58,29 @@ def main() -> None:
         v: base.with_method("draft-tree", MethodOptions(graft=known[v], cost_table=None), draft_model=draft)
         for v in variants if v != "hf"
     }
-    hf = hf_assisted(base, draft) if "hf" in variants else None
+    process = None
+    if "hf" in variants and args.peer_process == "separate":
+        from specgraft.bench.peer_process import PeerProcess, PeerSpec
+
+        spec = PeerSpec(model=args.model, dtype=args.dtype, device=str(base.target.device), threads=args.threads,
+                        draft_model=args.draft_model, draft_quant=args.draft_quant, peers=("hf-assisted",),
+                        max_new_tokens=128, temperature=0.0, seed=0)
+        process = PeerProcess(spec).start()
+        hf = process.peers()["hf-assisted"]
+    else:
+        hf = hf_assisted(base, draft) if "hf" in variants else None
+    try:
+        run_rounds(args, base, decoders, hf, variants)
+    finally:
+        if process is not None:
+            process.close()
+
+
+def run_rounds(args, base, decoders, hf, variants) -> None:
+    """Per prompt: ``ar`` once, then every variant in alternating order, ``args.rounds`` times."""
+    from measure_budget_gains import code_and_task_prompts, timed_generate
+    from specgraft.suites import read_prompt_file
+
     if args.suite:
         prompts = read_prompt_file(Path(args.suite), Path(args.suite).stem)
         prompts = [p for p in prompts if p.task in args.tasks.split(",")] if args.tasks else prompts
