@@ -333,7 +333,7 @@ class SpecDecoder:
 
     def resolved_config(self, config: GenerationConfig) -> dict[str, Any]:
         """What a run prints and records: method, generation config (budget resolved), options,
-        dtypes, threads."""
+        dtypes, threads, attention implementations (``specgraft_sdpa``: ``models/attention.py``)."""
         out = {
             "method": self.method,
             "generation": self.resolve(config).to_dict(),
@@ -342,12 +342,14 @@ class SpecDecoder:
             "device": str(self.target.device),
             "threads": torch.get_num_threads(),
             "small_input_rows": self.small_input_rows,
+            "attention": getattr(self.model.config, "_attn_implementation", None),
         }
         if self.spec.needs_draft_model:
             out["draft_model"] = {
                 "name_or_path": getattr(self.draft_model.config, "_name_or_path", None),
                 "dtype": _dtype_name(next(self.draft_model.parameters()).dtype),
                 "numerics": draft_numerics(self.draft_model),
+                "attention": getattr(self.draft_model.config, "_attn_implementation", None),
             }
         return out
 

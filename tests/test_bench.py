@@ -450,7 +450,9 @@ def test_draft_model_methods(target_dir, draft_dir, tmp_path):
         assert r.config["calibration"] == calibration
         if r.method != "ar":
             assert method_config["options"]["graft"]["calibration"] == calibration
-            assert method_config["draft_model"] == {"name_or_path": draft_dir, "dtype": "float32", "numerics": "int8"}, "auto on CPU"
+            assert method_config["draft_model"] == {
+                "name_or_path": draft_dir, "dtype": "float32", "numerics": "int8", "attention": "specgraft_sdpa"
+            }, "auto on CPU"
             assert r.proposed_by_source["draft"] > 0
     assert any("retrieval" in r.proposed_by_source for r in rows if r.method == "graft")
     run_info = json.loads((out / "run.json").read_text())

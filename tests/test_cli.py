@@ -98,8 +98,11 @@ def test_generate_draft_tree(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir
     assert (graft["draft_model"], graft["depth"], graft["top_k"], graft["draft_dtype"], graft["row_cost"]) == (tiny_draft_dir, 2, 3, "float32", 0.0)
     assert graft["copy_ahead"] == 3
     # --draft-quant auto: int8 on CPU, bf16 on a GPU
-    expected_numerics = "int8" if torch.device(config["device"]).type == "cpu" else "bfloat16"
-    assert config["draft_model"] == {"name_or_path": tiny_draft_dir, "dtype": "float32", "numerics": expected_numerics}
+    cpu = torch.device(config["device"]).type == "cpu"
+    expected_numerics = "int8" if cpu else "bfloat16"
+    assert config["draft_model"] == {
+        "name_or_path": tiny_draft_dir, "dtype": "float32", "numerics": expected_numerics, "attention": "specgraft_sdpa" if cpu else "sdpa"
+    }
     assert data["stats"]["proposed_by_source"]["draft"] > 0
 
 

@@ -39,6 +39,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specgraft.cache.slots import SlotCache
+from specgraft.models.attention import PACKED_SDPA, attention_implementation
 from specgraft.models.kernels import auto_dtype, use_onednn_linears
 from specgraft.tree.layout import depth_from_mask, pending_ancestors
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
@@ -46,7 +47,7 @@ from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 #: Attention implementations that apply a 4-D additive mask as given (FlashAttention-2/3 read
 #: it as a padding mask, flex attention needs a BlockMask, paged kernels ignore it).
-TREE_MASK_ATTENTION = ("sdpa", "eager")
+TREE_MASK_ATTENTION = ("sdpa", PACKED_SDPA, "eager")
 #: SDPA backends of our forwards on a GPU: every one but cuDNN's. cuDNN attention builds an
 #: execution plan for each new (query rows, key length) shape, and a decoding sequence's key
 #: length is new at every step: on an H200 (torch 2.11, bf16) the first generation of a prompt
@@ -103,10 +104,11 @@ def load_causal_lm(
     name_or_path: str, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu", fast_kernels: bool = True
 ) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_pretrained`` straight onto ``device`` (``device_map``), with the
-    ``sdpa`` attention the tree mask needs, + oneDNN linears on CPU (``models/kernels.py``)."""
+    ``sdpa`` attention the tree mask needs (on CPU its GQA packed rather than copied,
+    ``models/attention.py``), + oneDNN linears on CPU (``models/kernels.py``)."""
     device = torch.device(device)
     model = AutoModelForCausalLM.from_pretrained(
-        name_or_path, dtype=parse_dtype(dtype, device), device_map=str(device), attn_implementation="sdpa"
+        name_or_path, dtype=parse_dtype(dtype, device), device_map=str(device), attn_implementation=attention_implementation(device)
     ).eval()
     if fast_kernels and device.type == "cpu":
         use_onednn_linears(model)
