@@ -12,10 +12,11 @@ then reads each key/value head seven times.
 :func:`packed_gqa_sdpa` does what ``pack_gqa`` does for one row, for any number: the ``n_rep``
 query heads of a group become ``n_rep * q`` query rows of their key/value head, the mask
 (shared by the heads) is tiled ``n_rep`` times along its rows, and the output is unpacked. Each
-output row is the same softmax-weighted sum over the same keys and values; on the CPU the
-flash kernel's blocking over keys does not depend on the query rows, so the result has equalled
-``sdpa``'s bit for bit wherever compared (``tests/test_attention.py``; the 1.5B target at 8 and 16
-rows). Shapes::
+output row is the same softmax-weighted sum over the same keys and values, so the function is
+``sdpa``'s (``tests/test_attention.py`` compares them); the kernel may sum in another order for
+another number of query rows, so values can differ by a rounding: the fp32 1.5B target's logits
+were equal bit for bit at 8 and 16 rows over 600 cached tokens, the int8 draft's differed by
+3.8e-6 at 2 rows (its drafts can change; outputs never do, the target verifies). Shapes::
 
     query [b, H, q, d] -> [b, H_kv, n_rep * q, d]    (row r * q + i: query head g * n_rep + r, row i)
     mask  [b, 1, q, kv] -> [b, 1, n_rep * q, kv]
@@ -26,9 +27,10 @@ so the packed query of head 0 is ``[h0 x, h0 y, h1 x, h1 y]`` against one copy o
 mask rows ``[m_x, m_y, m_x, m_y]``.
 
 Measured (Zen 3, 2 threads, ``benchmarks/RESULTS.md``, *Grouped-query attention without the
-copies*): a forward of the int8 0.5B draft at ~620 cached tokens 12% cheaper at 2 rows and 24% at
-8; ``draft-tree`` on four held-out summarization and rag prompts drafted in 14.6 s instead of
-18.6 s (verify forwards 34.3 s instead of 36.5 s), every output unchanged. Used on the CPU only
+copies*): a forward of the int8 0.5B draft at ~600 cached tokens 11-12% cheaper at 2 rows and
+6-24% at 8 (two runs); ``draft-tree`` on four held-out summarization and rag prompts drafted 14-22%
+less (12.3 s instead of 14.3 s, 14.6 s instead of 18.6 s), ~3% of the whole generation, every
+output unchanged. Used on the CPU only
 (:func:`attention_implementation`): on a GPU, ``sdpa`` with a mask takes other kernels, not
 measured with this layout.
 
