@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 PACKED_SDPA = "specgraft_sdpa"
 """The name the packed attention is registered under (``attn_implementation``)."""
@@ -62,8 +63,6 @@ def packed_gqa_sdpa(
     """``transformers``' ``sdpa_attention_forward`` with multi-row GQA packed instead of copied
     (module docstring). ``query`` ``[b, H, q, d]``, ``key``/``value`` ``[b, H_kv, kv, d]``,
     ``attention_mask`` ``[b, 1, q, kv]`` (additive or boolean); returns ``([b, q, H, d], None)``."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     n_rep = getattr(module, "num_key_value_groups", 1)
     b, heads, q, d = query.shape
     if (
