@@ -97,8 +97,9 @@ def main() -> None:
                 totals[impl][k] += v
             print(f"{prompt.id} ({len(ids)} tokens) {impl}: {seconds:.1f} s, drafting {st.draft_s:.2f} s, verify forwards "
                   f"{st.forward_s:.2f} s, {st.steps} steps", flush=True)
-        record["generations"][-1]["equal"] = outputs["sdpa"] == outputs[PACKED_SDPA]
-        print(f"  outputs equal: {outputs['sdpa'] == outputs[PACKED_SDPA]}", flush=True)
+        equal = outputs["sdpa"] == outputs[PACKED_SDPA]
+        record["generations"][-1]["equal"] = equal
+        print(f"  outputs equal: {equal}", flush=True)
     for impl, (seconds, drafting, forwards) in totals.items():
         print(f"{impl}: {seconds:.1f} s, drafting {drafting:.1f} s, verify forwards {forwards:.1f} s")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
