@@ -82,13 +82,14 @@ def write(path: str, result: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
-def load_base(args):
-    """``ar`` over the target, with the draft model's options for its siblings (no cost table)."""
+def load_base(args, device: str = "cpu"):
+    """``ar`` over the target on ``device``, with the draft model's options for its siblings (no
+    cost table)."""
     from specgraft.api import SpecDecoder
     from specgraft.methods import GraftOptions, MethodOptions
 
     graft = GraftOptions(draft_model=args.draft_model, draft_quant=args.draft_quant, draft_dtype=args.dtype)
-    return SpecDecoder.from_pretrained(args.model, method="ar", dtype=args.dtype, options=MethodOptions(graft=graft, cost_table=None), progress=False)
+    return SpecDecoder.from_pretrained(args.model, method="ar", dtype=args.dtype, options=MethodOptions(graft=graft, cost_table=None), progress=False, device=device)
 
 
 def load_draft(args, base, quant: str | None = None):

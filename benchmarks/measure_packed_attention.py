@@ -13,6 +13,14 @@ switches both models between the two implementations (``set_attn_implementation`
 
     python benchmarks/measure_packed_attention.py --forwards --per-task 2 --tasks summarization,rag \
         --out benchmarks/results-issue14/packed-attention/zen3.json
+
+On a GPU (``--device cuda``; our loaders keep ``sdpa`` there) the forwards are timed with the
+device synchronised, over more rows (1 to 64) and ``--context`` cached tokens; ``--per-task 0``
+skips the generations (random weights of the catalog shapes, ``random_models.py``, make them
+meaningless)::
+
+    python benchmarks/measure_packed_attention.py --device cuda --dtype bfloat16 --forwards --per-task 0 \
+        --model /tmp/rm/qwen2.5-coder-1.5b-instruct --draft-model /tmp/rm/qwen2.5-coder-0.5b-instruct --out gpu.json
 """
 
 import json
@@ -35,11 +43,19 @@ def main() -> None:
     parser.add_argument("--forwards", action="store_true", help="time single forwards first")
     parser.add_argument("--context", type=int, default=600, help="cached tokens for --forwards")
     parser.add_argument("--tasks", default="summarization,rag")
-    parser.add_argument("--per-task", type=int, default=2)
+    parser.add_argument("--per-task", type=int, default=2, help="prompts per task for the generations (0: none)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     register_packed_sdpa()
-    base = load_base(args)
+    base = load_base(args, device=args.device)
+    gpu = base.target.device.type == "cuda"
+
+    def clock() -> float:
+        if gpu:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     draft = load_draft(args, base)
     models = (base.model, draft)
 
@@ -50,9 +66,10 @@ def main() -> None:
     impls = ("sdpa", PACKED_SDPA)
     record: dict[str, list] = {"forwards": [], "generations": []}
     if args.forwards:
-        words = base.encode("Summarize: " + "The quick brown fox jumps over the lazy dog. " * 200, chat=True)
+        words = base.encode("Summarize: " + "The quick brown fox jumps over the lazy dog. " * 200, chat=bool(base.tokenizer.chat_template))
         ids = words[: args.context + 16]
-        for name, lm, rows_list, n in (("draft", HFTarget(draft), (1, 2, 8), 12), ("target", base.engine.target, (1, 8, 16), 4)):
+        for name, lm, rows_list, n in (("draft", HFTarget(draft), (1, 2, 8, 32) if gpu else (1, 2, 8), 12),
+                                     ("target", base.engine.target, (1, 8, 16, 32, 64) if gpu else (1, 8, 16), 12 if gpu else 4)):
             slot = lm.allocate()
             lm.prefill(slot, ids[:-16])
 
@@ -66,10 +83,10 @@ def main() -> None:
                 for impl in impls * 2:
                     use(impl)
                     forward(rows)
-                    t0 = time.perf_counter()
+                    t0 = clock()
                     for _ in range(n):
                         forward(rows)
-                    ms[impl].append(round((time.perf_counter() - t0) / n * 1000, 1))
+                    ms[impl].append(round((clock() - t0) / n * 1000, 2))
                 use("sdpa")
                 a = forward(rows)
                 use(PACKED_SDPA)
@@ -78,6 +95,10 @@ def main() -> None:
                 record["forwards"].append({"model": name, "cached": lm.length(slot), "rows": rows, "ms": ms, "max_logit_difference": diff})
                 print(f"{name} at {lm.length(slot)} cached tokens, {rows} rows: ms {ms}, max |logit difference| {diff:.3g}", flush=True)
             lm.release(slot)
+    if args.per_task == 0:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+        return
     dec = base.with_method("draft-tree", MethodOptions(graft=base.options.graft, cost_table=None), draft_model=draft)
     warm = base.encode("Say hello.", chat=True)
     for impl in impls:

@@ -536,3 +536,32 @@ def test_docstring_examples(module):
 
     result = doctest.testmod(importlib.import_module(f"specgraft.{module}"))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_hf_peers_run_under_our_attention_backends(monkeypatch):
+    """Hugging Face's ``generate`` (a peer row, ``bench-serve``'s padded batches) runs with the
+    SDPA backends our forwards use (on a GPU: no cuDNN attention, whose plan per new key length
+    made HF's padded batches 8x slower on an H100), and gives the same tokens under them."""
+    import contextlib
+
+    import specgraft.bench.batched as batched
+    import specgraft.bench.peers as peers
+    from specgraft.bench.peers import HFPeer
+    from tests.conftest import TINY_MODELS
+
+    entered = []
+
+    @contextlib.contextmanager
+    def spy(device):
+        entered.append(device.type)
+        yield
+
+    model = TINY_MODELS["qwen2"]()
+    ids = [5, 9, 17, 33, 5, 9]
+    plain = HFPeer("hf", model, eos_token_ids=[0], max_new_tokens=8).run(ids).tokens
+    padded = batched.hf_padded(model, [ids, ids[:4]], 8, 2, pad_id=0).outputs
+    monkeypatch.setattr(peers, "attention_backends", spy)
+    monkeypatch.setattr(batched, "attention_backends", spy)
+    assert HFPeer("hf", model, eos_token_ids=[0], max_new_tokens=8).run(ids).tokens == plain
+    assert batched.hf_padded(model, [ids, ids[:4]], 8, 2, pad_id=0).outputs == padded
+    assert entered == ["cpu", "cpu"]

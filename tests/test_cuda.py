@@ -118,3 +118,26 @@ def test_batched_greedy_equals_plain_decoding_on_cuda():
         results = batch.run_to_completion()
         for i, (rid, p) in enumerate(zip(ids, prompts)):
             assert results[rid].tokens == hf_greedy(model, p, 12 + i % 5), f"{name} diverged in a batch on cuda"
+
+
+def test_packed_attention_on_cuda_equals_sdpa_and_speculates_exactly():
+    """The CPU's grouped-query attention without copies (``specgraft_sdpa``; our loaders keep
+    ``sdpa`` on a GPU) computes ``sdpa``'s function on the GPU too: the same tree forward's logits,
+    and greedy ``draft-tree`` over it equals plain decoding."""
+    from tests.test_attention import packed_twin
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = TINY_MODELS["qwen2"]().cuda()
+    twin = packed_twin(model)
+    prompt = [5 + (7 * i) % 80 for i in range(23)]
+    logits = []
+    for m in (model, twin):
+        target = HFTarget(m, prefill_chunk=6)
+        slot = target.allocate()
+        target.prefill(slot, prompt)
+        logits.append(target.forward_rows(slot, [9, 10, 11, 12, 13, 14], [-1, 0, 0, 1, 2, 4]).logits)
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-5)
+    engine = engines(twin, perturbed(model))["draft-tree"]
+    config = GenerationConfig(max_new_tokens=20, budget=12)
+    for p, _ in make_prompts(4, model.config.vocab_size):
+        assert engine.generate_ids(p, config) == hf_greedy(model, p, 20)

@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from specgraft.batch import AdaptiveBudget, CostTable
+from specgraft.models.hf import attention_backends
 from specgraft.types import GenerationStats
 
 
@@ -146,7 +147,8 @@ def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, p
 
 
 def hf_padded(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: int, pad_id: int) -> BatchedRun:
-    """Hugging Face ``generate`` on left-padded batches of ``batch`` prompts (greedy, no EOS stop)."""
+    """Hugging Face ``generate`` on left-padded batches of ``batch`` prompts (greedy, no EOS stop),
+    with our forwards' SDPA backends (``attention_backends``: no cuDNN attention on a GPU)."""
     outs: list[list[int]] = []
     lat: list[float] = []
     t0 = time.perf_counter()
@@ -155,7 +157,7 @@ def hf_padded(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: i
         width = max(len(p) for p in group)
         ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in group], device=model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=model.device)
-        with torch.inference_mode():
+        with torch.inference_mode(), attention_backends(model.device):
             out = model.generate(
                 ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
                 eos_token_id=None, pad_token_id=pad_id,

@@ -25,7 +25,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specgraft.bench.contract import MethodRun
-from specgraft.models.hf import synchronize
+from specgraft.models.hf import attention_backends, synchronize
 
 PROMPT_LOOKUP_NUM_TOKENS = 10
 
@@ -91,7 +91,9 @@ class HFPeer:
         inputs = torch.tensor([list(ids)], dtype=torch.long, device=self.model.device)
         if self.temperature > 0 and self.seed is not None:
             torch.manual_seed(self.seed)
-        with torch.inference_mode():
+        # the same SDPA backends as our forwards (no cuDNN attention on a GPU: a plan per new key
+        # length made Hugging Face's padded batches 8x slower on an H100, models/hf.py)
+        with torch.inference_mode(), attention_backends(self.model.device):
             synchronize(self.model.device)
             t0 = time.perf_counter()
             out = self.model.generate(inputs, attention_mask=torch.ones_like(inputs), **kw)
