@@ -166,3 +166,37 @@ def test_datastore_errors(tmp_path, datastore_dir):
     small = HFTarget(TINY_MODELS["llama"](vocab=8))
     with pytest.raises(ValueError, match="more than the target's 8"):
         spec.build(small, MethodOptions(datastores=(datastore_dir,)), perturbed(small.model))
+
+
+def test_reader_drafts_draft_trees_tree_and_adds_retrieval(datastore_dir):
+    """READER's draft tree is ``draft-tree``'s, step for step: the same drafter configuration
+    (long chains, their cut, copy-ahead), capped at ``draft-tree``'s budget. With no retrieved
+    paths (``d_search = d_deep = 0``) READER verifies exactly ``draft-tree``'s trees (same steps,
+    same nodes); with them its trees hold those nodes and more, never fewer."""
+    from dataclasses import replace
+
+    from specgraft.methods.graft import draft_tree_config
+
+    model = TINY_MODELS["llama"]()
+    draft = perturbed(model)
+    target = HFTarget(model)
+    base = MethodOptions(datastores=(datastore_dir,))
+    drafters, _ = get_method("reader").build(target, base, draft)
+    assert drafters[0].config == draft_tree_config("draft-tree", base.graft) and drafters[0].max_nodes == 16
+    assert method_budget("reader", base) == 16 + 6 + 2
+    engines = {}
+    for name, options in (("draft-tree", base), ("reader", replace(base, reader=ReaderConfig(d_search=0, d_deep=0))), ("reader+", base)):
+        method = "reader" if name.startswith("reader") else name
+        engines[name] = SpecEngine(target, *get_method(method).build(target, options, draft), method=method,
+                                   default_budget=method_budget(method, options))
+    config = GenerationConfig(max_new_tokens=24)
+    more = 0
+    for prompt, _ in make_prompts(n=12, vocab=model.config.vocab_size):
+        stats = {}
+        for name, engine in engines.items():
+            assert engine.generate_ids(prompt, config) == hf_greedy(model, prompt, 24), name
+            stats[name] = engine.last_stats
+        tree, reader, wider = stats["draft-tree"], stats["reader"], stats["reader+"]
+        assert (reader.steps, reader.tree_nodes) == (tree.steps, tree.tree_nodes)
+        more += wider.tree_nodes / wider.steps > tree.tree_nodes / tree.steps
+    assert more > 0  # the retrieved paths added rows

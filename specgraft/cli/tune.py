@@ -28,7 +28,7 @@ def tune(
     per_task: int = typer.Option(1, help="Tuning prompts per Spec-Bench task (items 41 onwards)."),
     code_prompts: int = typer.Option(3, help="Tuning prompts from HumanEval 100 onwards."),
     max_new_tokens: int = typer.Option(48, help="Tokens decoded per tuning prompt."),
-    seed_draft_nodes: int = typer.Option(12, help="Draft nodes of the seed shape."),
+    seed_draft_nodes: int = typer.Option(16, help="Draft nodes of the seed shape (draft-tree's budget under the cpu preset)."),
     seed_search: int = typer.Option(16, help="Widening depth of the seed shape."),
     seed_deep: int = typer.Option(8, help="Deepening depth of the seed shape."),
     preset: str = typer.Option("cpu", help="Draft preset (depth and top-k of the draft tree)."),

@@ -4,7 +4,9 @@ Per step, from a :class:`~specgraft.drafters.draft_model.ModelDraft` and a
 :class:`~specgraft.drafters.reader_retrieval.RetrievalDraft`:
 
 1. the draft tree, cut to ``draft_nodes`` (best-first by path score; sampled drafts by node
-   order, a cut that does not depend on the children's values);
+   order, a cut that does not depend on the children's values). READER's drafter is
+   ``draft-tree``'s, capped at ``draft_nodes`` (``methods/reader.py``), so this is the tree
+   ``draft-tree`` would verify;
 2. **widening**: the retrieved path of ``d_search`` tokens at the root;
 3. **deepening** (Alg. 4): ``u`` = the node at depth ``min(deepen_depth, draft depth)`` on the
    draft's best path; the path searched with the context followed by the draft tokens down to
@@ -81,7 +83,7 @@ class ReaderComposer:
         parts: list[Draft] = []
         draft_paths: list[tuple[int, ...]] = []
         if draft is not None and len(draft):
-            draft = trim(draft, min(cfg.draft_nodes, budget))
+            draft = trim(draft, budget if cfg.draft_nodes is None else min(cfg.draft_nodes, budget))
             order = best_first_order(draft.parents, draft.scores, len(draft)) if draft.scores is not None else range(len(draft))
             paths = token_paths(draft.tokens, draft.parents)
             draft_paths = [paths[i] for i in order]

@@ -592,11 +592,20 @@ class DraftModelDrafter(StatelessDrafter):
         model: nn.Module | HFTarget | DraftLanguageModel,
         config: DraftTreeConfig = DraftTreeConfig(),
         target_vocab: int | None = None,
+        max_nodes: int | None = None,
     ):
+        """``max_nodes`` caps every proposal's budget (READER gives its draft tree ``draft-tree``'s
+        budget and the rest of its own to retrieved paths); None = the step's budget."""
         self.lm: DraftLanguageModel = HFTarget(model) if isinstance(model, nn.Module) else model
         check_vocab(target_vocab, self.lm.vocab_size)
+        if max_nodes is not None and max_nodes < 0:
+            raise ValueError(f"max_nodes must be >= 0 (or None), got {max_nodes}")
         self.config = config
+        self.max_nodes = max_nodes
         self._checkpoint_of = {d: j for j, d in enumerate(config.checkpoints)}
+
+    def _capped(self, budget: int) -> int:
+        return budget if self.max_nodes is None else min(budget, self.max_nodes)
 
     def begin(self, prompt: Sequence[int], prefill: PrefillOutput, config: GenerationConfig) -> DraftState:
         """Start the sequence's state; its cache slot is allocated and the prompt prefilled at
@@ -627,6 +636,7 @@ class DraftModelDrafter(StatelessDrafter):
 
     def propose(self, state: DraftState, context: Sequence[int], budget: int) -> ModelDraft:
         """The ``budget`` best nodes of :meth:`draft_pool` (see :func:`trim`)."""
+        budget = self._capped(budget)
         if budget <= 0:
             if state.slot is not None:
                 self.lm.discard(state.slot)
@@ -656,6 +666,7 @@ class DraftModelDrafter(StatelessDrafter):
         whose drafting stopped sits out the later forwards. Worked example: three sequences,
         depth 4, the second gated after its root forward: forwards over 3, 2, 2, 2 slots.
         """
+        budgets = [self._capped(b) for b in budgets]
         drafts: list[ModelDraft | None] = [None] * len(states)
         runs: dict[int, Generator[_Rows, RowsOutput, ModelDraft]] = {}
         requests: dict[int, _Rows] = {}

@@ -25,7 +25,7 @@ Example (trie only)::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, ClassVar, Sequence
 
 from specgraft.config import GenerationConfig
@@ -42,8 +42,10 @@ class ReaderConfig:
     """Depth of the widening path at the root (``d_search``)."""
     d_deep: int = 2
     """Depth of the deepening path (``d_deep``); 0 = no deepening (``reader-widen``)."""
-    draft_nodes: int = 8
-    """Draft-model nodes of the tree (the rest of ``B_tokens`` goes to the two paths)."""
+    draft_nodes: int | None = None
+    """Draft-model nodes of the tree (the rest of ``B_tokens`` goes to the two paths); None =
+    ``draft-tree``'s budget under the run's preset (cpu 16, gpu 60: READER's draft tree is
+    ``draft-tree``'s, ``methods/reader.py``), resolved by :meth:`with_draft_nodes`."""
     deepen_depth: int = 2
     """The deepening path hangs from the best draft path's node at min(this, draft depth) (Alg. 4)."""
     key_len: int = 8
@@ -52,14 +54,24 @@ class ReaderConfig:
     """How trie and datastore counts are combined (``retrieval/search.py``)."""
 
     def __post_init__(self) -> None:
-        if self.d_search < 0 or self.d_deep < 0 or self.draft_nodes < 0:
+        if self.d_search < 0 or self.d_deep < 0 or (self.draft_nodes is not None and self.draft_nodes < 0):
             raise ValueError(f"d_search, d_deep and draft_nodes must be >= 0, got {self.d_search}, {self.d_deep}, {self.draft_nodes}")
         if self.key_len < 1 or self.deepen_depth < 1:
             raise ValueError(f"key_len and deepen_depth must be >= 1, got {self.key_len}, {self.deepen_depth}")
 
+    def with_draft_nodes(self, default: int) -> "ReaderConfig":
+        """This shape with ``draft_nodes`` set: its own, else ``default`` (``draft-tree``'s budget).
+
+        >>> ReaderConfig().with_draft_nodes(16).budget, ReaderConfig(draft_nodes=4).with_draft_nodes(16).budget
+        (24, 12)
+        """
+        return self if self.draft_nodes is not None else replace(self, draft_nodes=default)
+
     @property
     def budget(self) -> int:
-        """``B_tokens``: nodes of the full per-step shape."""
+        """``B_tokens``: nodes of the full per-step shape (``draft_nodes`` must be resolved)."""
+        if self.draft_nodes is None:
+            raise ValueError("READER's draft_nodes is not resolved: call with_draft_nodes(draft-tree's budget) first")
         return self.draft_nodes + self.d_search + self.d_deep
 
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from specgraft.calibration.io import Calibration
     from specgraft.composers.graft import GraftComposer
     from specgraft.drafters.base import Drafter
+    from specgraft.drafters.draft_model import DraftTreeConfig
     from specgraft.models.base import TargetModel
 
 GRAFT_METHODS: dict[str, str] = {
@@ -305,6 +306,43 @@ def gate_thresholds(variant: str, options: GraftOptions, calibration: Calibratio
     return preset.thresholds
 
 
+def draft_tree_config(
+    variant: str, options: GraftOptions, checkpoints: tuple[int, ...] = (), thresholds: tuple[float, ...] | None = None
+) -> DraftTreeConfig:
+    """The draft tree ``variant`` drafts under ``options``: the preset's shape with ``options``'
+    overrides, and for ``draft-tree`` the preset's long chains and their cost-aware cut
+    (:func:`long_chains`); ``checkpoints`` and ``thresholds`` are a gated variant's. READER
+    drafts with ``draft-tree``'s (``methods/reader.py``).
+
+    >>> c = draft_tree_config("draft-tree", GraftOptions())
+    >>> (c.depth, c.top_k, c.extend, c.tree_budget, c.row_cost, c.copy_ahead)
+    (4, 2, 12, 8, 0.05, 7)
+    >>> c = draft_tree_config("graft", GraftOptions())
+    >>> (c.extend, c.tree_budget, c.row_cost)
+    (8, None, None)
+    """
+    from specgraft.drafters.draft_model import DraftTreeConfig, get_preset
+
+    preset = get_preset(options.preset)
+    long = long_chains(variant, options)
+    return DraftTreeConfig(
+        depth=options.depth or preset.depth,
+        top_k=options.top_k or preset.top_k,
+        expand=preset.expand if options.expand is None else options.expand,
+        extend=(preset.long_extend or preset.extend if long else preset.extend) if options.extend is None else options.extend,
+        **({} if options.extend_min is None else {"extend_min": options.extend_min}),
+        stop_min=preset.stop_min if options.stop_min is None else options.stop_min,
+        **({} if options.extend_adapt is None else {"extend_adapt": bool(options.extend_adapt)}),
+        tree_budget=(preset.budget if long else None) if options.tree_budget is None else options.tree_budget,
+        row_cost=(preset.long_row_cost if long else None) if options.row_cost is None else options.row_cost or None,
+        copy_ahead=preset.copy_ahead if options.copy_ahead is None else options.copy_ahead,
+        checkpoints=checkpoints,
+        thresholds=thresholds,
+        sample=options.sample_drafts,
+        seed=options.seed,
+    )
+
+
 def build_graft_method(
     variant: str,
     target: TargetModel,
@@ -325,7 +363,7 @@ def build_graft_method(
     from specgraft.calibration.io import load_calibration
     from specgraft.composers.graft import VARIANTS, GraftComposer, GraftConfig, StagePlanner
     from specgraft.drafters.base import Learning
-    from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig, get_preset
+    from specgraft.drafters.draft_model import DraftModelDrafter, get_preset
     from specgraft.drafters.graft_retrieval import GraftRetrieval
     from specgraft.drafters.recycling import SuccessorMatrix
     from specgraft.models.loading import load_draft_model
@@ -354,23 +392,7 @@ def build_graft_method(
     config = GraftConfig(variant=variant, k=k)
     checkpoints = preset.checkpoints[: len(config.draft_shares)]
     thresholds = gate_thresholds(variant, options, calibration) if config.gated else None
-    long = long_chains(variant, options)
-    draft_config = DraftTreeConfig(
-        depth=options.depth or preset.depth,
-        top_k=options.top_k or preset.top_k,
-        expand=preset.expand if options.expand is None else options.expand,
-        extend=(preset.long_extend or preset.extend if long else preset.extend) if options.extend is None else options.extend,
-        **({} if options.extend_min is None else {"extend_min": options.extend_min}),
-        stop_min=preset.stop_min if options.stop_min is None else options.stop_min,
-        **({} if options.extend_adapt is None else {"extend_adapt": bool(options.extend_adapt)}),
-        tree_budget=(preset.budget if long else None) if options.tree_budget is None else options.tree_budget,
-        row_cost=(preset.long_row_cost if long else None) if options.row_cost is None else options.row_cost or None,
-        copy_ahead=preset.copy_ahead if options.copy_ahead is None else options.copy_ahead,
-        checkpoints=checkpoints if config.gated else (),
-        thresholds=thresholds,
-        sample=options.sample_drafts,
-        seed=options.seed,
-    )
+    draft_config = draft_tree_config(variant, options, checkpoints if config.gated else (), thresholds)
     drafters: list[Drafter] = [DraftModelDrafter(draft_model, draft_config, target_vocab=vocab)]
     planner = StagePlanner(config)
     if config.retrieval is not None:

@@ -1,10 +1,16 @@
 """READER and its ablations (``reader``, ``reader-widen``, ``reader-trie``): build functions.
 
-READER = the ``draft-tree`` drafter (the draft model, ``MethodOptions.graft``'s preset, no
-gates) + :class:`~specgraft.drafters.reader_retrieval.ReaderRetrieval` (a trie per sequence,
-the ``--datastore`` suffix arrays shared) + :class:`~specgraft.composers.reader.ReaderComposer`.
-The variants switch off deepening (``reader-widen``) or the long-term datastore
-(``reader-trie``); ``draft-tree`` is the base.
+READER = the ``draft-tree`` drafter, exactly as ``draft-tree`` drafts (the same
+:func:`~specgraft.methods.graft.draft_tree_config`: the preset's shape, long chains with their
+cost-aware cut and copy-ahead rows, and at most ``draft-tree``'s budget of nodes) +
+:class:`~specgraft.drafters.reader_retrieval.ReaderRetrieval` (a trie per sequence, the
+``--datastore`` suffix arrays shared) + :class:`~specgraft.composers.reader.ReaderComposer`,
+which adds the retrieved widening and deepening paths to that tree. So READER's tree holds
+``draft-tree``'s every step, and what READER adds over its base is the retrieval alone (the
+paper's setting: a draft-model tree, widened and deepened). Until 2026-11-27 READER drafted a
+bare depth-4 / top-k-2 tree of 8 nodes, which ``draft-tree`` had long outgrown on this CPU
+(*READER on draft-tree's tree* in ``benchmarks/RESULTS.md``). The variants switch off deepening
+(``reader-widen``) or the long-term datastore (``reader-trie``); ``draft-tree`` is the base.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ if TYPE_CHECKING:
 
     from specgraft.composers.reader import ReaderComposer
     from specgraft.drafters.base import Drafter
+    from specgraft.drafters.reader_retrieval import ReaderConfig
     from specgraft.methods.registry import MethodOptions
     from specgraft.models.base import TargetModel
 
@@ -68,28 +75,38 @@ def build_reader(
     name: str, target: TargetModel, opts: MethodOptions, draft_model: nn.Module | None = None, tokenizer: Any = None
 ) -> tuple[list[Drafter], ReaderComposer]:
     from specgraft.composers.reader import ReaderComposer
-    from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig, get_preset
+    from specgraft.drafters.draft_model import DraftModelDrafter
     from specgraft.drafters.reader_retrieval import ReaderRetrieval
-    from specgraft.methods.graft import require_draft_model
+    from specgraft.methods.graft import draft_tree_config, require_draft_model
     from specgraft.models.loading import load_draft_model
 
     options = opts.graft
     if draft_model is None:
         require_draft_model(name, options, draft_model)
         draft_model = load_draft_model(options.draft_model, options.draft_dtype, target.device, quant=options.draft_quant)
-    config = replace(opts.reader, **READER_METHODS[name][1])
+    config = reader_shape(name, opts)
     stores = []
     if reads_datastores(name):
         if opts.datastores:
             stores = load_method_datastores(tuple(opts.datastores), target.vocab_size, tokenizer)
         else:
             print(f"{name}: no --datastore given; retrieving from the short-term trie alone", file=sys.stderr)
-    preset = get_preset(options.preset)
-    draft_config = DraftTreeConfig(
-        depth=options.depth or preset.depth, top_k=options.top_k or preset.top_k, sample=options.sample_drafts, seed=options.seed
-    )
     drafters: list[Drafter] = [
-        DraftModelDrafter(draft_model, draft_config, target_vocab=target.vocab_size),
+        DraftModelDrafter(draft_model, draft_tree_config("draft-tree", options), target_vocab=target.vocab_size, max_nodes=config.draft_nodes),
         ReaderRetrieval(config, stores),
     ]
     return drafters, ReaderComposer(config)
+
+
+def reader_shape(name: str, opts: MethodOptions) -> ReaderConfig:
+    """The tree shape of READER variant ``name`` under ``opts``: ``opts.reader`` with the
+    variant's changes, its draft nodes (by default) ``draft-tree``'s budget for the preset; its
+    ``budget`` is ``B_tokens``.
+
+    >>> from specgraft.methods import GraftOptions, MethodOptions
+    >>> [reader_shape(n, MethodOptions()).budget for n in ("reader", "reader-widen")], reader_shape("reader", MethodOptions(graft=GraftOptions(preset="gpu"))).budget
+    ([24, 22], 68)
+    """
+    from specgraft.methods.graft import preset_budget
+
+    return replace(opts.reader, **READER_METHODS[name][1]).with_draft_nodes(preset_budget(opts.graft, "draft-tree"))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import specgraft.methods.model_free as model_free
 from specgraft.methods.graft import GRAFT_METHODS, GraftOptions, build_from_method_options, check_graft_options, require_draft_model
-from specgraft.methods.reader import READER_METHODS, build_reader, reads_datastores
+from specgraft.methods.reader import READER_METHODS, build_reader, reader_shape, reads_datastores
 
 if TYPE_CHECKING:
     from torch import nn
@@ -76,11 +76,12 @@ DEFAULT_BUDGETS: dict[str, int] = {
     "adapld-no-successor": 16,
     # the paper's whole tree: a 30-token copy, 8 branches, 8 successors
     "adapld-full": 46,
-    # READER's B_tokens: the cpu preset's 8 draft nodes + a 6-token widening + a 2-token deepening
-    # path (ReaderConfig; retrieved rows are cheap to draft but cost verify rows like any other)
-    "reader": 16,
-    "reader-widen": 14,
-    "reader-trie": 16,
+    # READER's B_tokens: draft-tree's 16 draft nodes (cpu preset) + a 6-token widening + a 2-token
+    # deepening path (ReaderConfig; retrieved rows are cheap to draft but cost verify rows like any
+    # other); fixed_budget computes them from the run's preset and --reader-shape
+    "reader": 24,
+    "reader-widen": 22,
+    "reader-trie": 24,
 }
 
 #: ``MethodOptions.learning`` values (``drafters.base.Learning``; no torch import here).
@@ -236,7 +237,7 @@ def method_budget(name: str, options: MethodOptions) -> int:
 
     >>> fixed = MethodOptions(cost_table=None)
     >>> method_budget("graft", fixed), method_budget("reader", fixed), method_budget("pld", fixed)
-    (8, 16, 16)
+    (8, 24, 16)
     """
     derived = derived_budget(name, options)
     if derived is not None:
@@ -248,9 +249,7 @@ def fixed_budget(name: str, options: MethodOptions) -> int:
     """The budget a method verifies without a cost table (the hand-fitted defaults)."""
     spec = get_method(name)
     if name in READER_METHODS:
-        from dataclasses import replace
-
-        return replace(options.reader, **READER_METHODS[name][1]).budget
+        return reader_shape(name, options).budget
     if spec.needs_draft_model:
         from specgraft.methods.graft import preset_budget
 
