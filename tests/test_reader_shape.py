@@ -26,6 +26,9 @@ def test_slots_and_predicted_tokens():
     assert rec.mean_tokens(1, 3, 0) == 1 + (3 + 0) / 2
     assert rec.mean_tokens(1, 0, 1) == 1 + (2 + 0) / 2
     assert rec.acceptance()["widen"] == [0.5, 0.5, 0.5]
+    # each step is costed at the nodes it had: step 2's paths were shorter than the shape
+    assert rec.sizes == [(2, 3, 2), (2, 1, 1)]
+    assert rec.mean_verify_s(list(range(8)), 2, 3, 2) == ((2 + 3 + 2) + (2 + 1 + 1)) / 2
 
 
 def test_search_prefers_tokens_per_second():

@@ -13,7 +13,12 @@
    the mean over the recorded steps of 1 + the longest accepted slot path it keeps; its step
    time ``t_draft + t_verify(nodes)``. The shape with the most predicted tokens/s wins; the grid
    is small enough to evaluate whole (the paper's golden-section search is for when each point
-   must be benchmarked).
+   must be benchmarked). A step verifies the nodes it *has* of each kind, not the shape's
+   nominal count: ``draft-tree``'s cut (READER's draft tree, ``methods/reader.py``) keeps 1-16
+   draft nodes a step, and a retrieved path can be shorter than its depth, so the step time of
+   a shape is ``t_draft + mean over steps of t_verify(min(a, a_step) + min(b, b_step) +
+   min(c, c_step))`` with the step's own counts (``SlotRecord.sizes``; files written before
+   them are costed at the nominal count).
 
 The result is a JSON file (``specgraft tune``) that ``generate`` and ``bench`` take with
 ``--reader-shape``; it is refused for another target, draft model or preset. The prediction
@@ -42,6 +47,8 @@ class SlotRecord:
     widen: list[list[int]] = field(default_factory=list)
     deep: list[list[int]] = field(default_factory=list)
     draft_s: list[float] = field(default_factory=list)
+    sizes: list[tuple[int, int, int]] = field(default_factory=list)
+    """Per recorded step: how many draft nodes, widening and deepening tokens it had."""
 
     def add(self, draft_paths: Sequence[tuple[int, ...]], widen: Sequence[int], deep_prefix: Sequence[int], deep: Sequence[int],
             accepted: Sequence[int], draft_s: float, seed: tuple[int, int, int]) -> None:
@@ -57,6 +64,19 @@ class SlotRecord:
         self.widen.append([ok(widen[: k + 1]) if k < len(widen) else 0 for k in range(n_widen)])
         self.deep.append([ok([*deep_prefix, *deep[: k + 1]]) if k < len(deep) else 0 for k in range(n_deep)])
         self.draft_s.append(draft_s)
+        self.sizes.append((len(draft_paths), len(widen), len(deep)))
+
+    def mean_verify_s(self, verify_s: Sequence[float], draft_nodes: int, d_search: int, d_deep: int) -> float:
+        """Mean verify time per step of a shape: each step costs the nodes it had of each kind, at
+        most the shape's (the nominal count where the record has no sizes).
+
+        >>> rec = SlotRecord(draft=[[1], [0]], widen=[[0], [0]], deep=[[], []], draft_s=[0, 0], sizes=[(3, 0, 0), (1, 1, 0)])
+        >>> rec.mean_verify_s([0.1 * n for n in range(8)], 2, 1, 0)  # step 1: 2 + 0 nodes, step 2: 1 + 1
+        0.2
+        """
+        if len(self.sizes) != len(self.draft):
+            return verify_s[draft_nodes + d_search + d_deep]
+        return float(np.mean([verify_s[min(draft_nodes, a) + min(d_search, b) + min(d_deep, c)] for a, b, c in self.sizes]))
 
     def mean_tokens(self, draft_nodes: int, d_search: int, d_deep: int) -> float:
         """Predicted tokens per step (bonus included) of a shape."""
@@ -96,7 +116,7 @@ def search_shape(record: SlotRecord, verify_s: Sequence[float], seed: tuple[int,
                 n = a + b + c
                 if n >= len(verify_s):
                     continue
-                out.append(ShapeChoice(a, b, c, record.mean_tokens(a, b, c), t_draft + verify_s[n]))
+                out.append(ShapeChoice(a, b, c, record.mean_tokens(a, b, c), t_draft + record.mean_verify_s(verify_s, a, b, c)))
     return sorted(out, key=lambda s: (-s.predicted_tokens_per_s, s.draft_nodes + s.d_search + s.d_deep))
 
 
@@ -113,7 +133,8 @@ def save_shape(path: str | Path, identity: dict[str, Any], choice: ShapeChoice, 
         "verify_s": [round(t, 5) for t in verify_s],
         "draft_s": round(float(np.mean(record.draft_s)), 5) if record.draft_s else 0.0,
         "steps": len(record.draft),
-        "record": {"draft": record.draft, "widen": record.widen, "deep": record.deep, "draft_s": [round(t, 5) for t in record.draft_s]},
+        "record": {"draft": record.draft, "widen": record.widen, "deep": record.deep, "draft_s": [round(t, 5) for t in record.draft_s],
+                   "sizes": [list(x) for x in record.sizes]},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **extra,
     }
@@ -146,10 +167,9 @@ def predict(path: str | Path, draft_nodes: int, d_search: int, d_deep: int) -> S
     with a measured run of that shape)."""
     data = json.loads(Path(path).read_text())
     rec = data["record"]
-    record = SlotRecord(rec["draft"], rec["widen"], rec["deep"], rec["draft_s"])
+    record = SlotRecord(rec["draft"], rec["widen"], rec["deep"], rec["draft_s"], [tuple(x) for x in rec.get("sizes", [])])
     seed = data["seed_shape"]
     if draft_nodes > seed["draft_nodes"] or d_search > seed["d_search"] or d_deep > seed["d_deep"]:
         raise ValueError(f"shape ({draft_nodes}, {d_search}, {d_deep}) is outside the tuned seed shape {seed}")
-    n = draft_nodes + d_search + d_deep
     return ShapeChoice(draft_nodes, d_search, d_deep, record.mean_tokens(draft_nodes, d_search, d_deep),
-                       float(np.mean(record.draft_s)) + data["verify_s"][n])
+                       float(np.mean(record.draft_s)) + record.mean_verify_s(data["verify_s"], draft_nodes, d_search, d_deep))
