@@ -565,3 +565,32 @@ def test_hf_peers_run_under_our_attention_backends(monkeypatch):
     assert HFPeer("hf", model, eos_token_ids=[0], max_new_tokens=8).run(ids).tokens == plain
     assert batched.hf_padded(model, [ids, ids[:4]], 8, 2, pad_id=0).outputs == padded
     assert entered == ["cpu", "cpu"]
+
+
+def test_source_revision_names_the_commit_and_uncommitted_changes(tmp_path):
+    """Every run records the git revision of the code that ran (``+dirty`` with uncommitted
+    changes to tracked files; None outside a checkout), beside the CPU's family and model."""
+    import shutil
+    import subprocess
+
+    from specgraft.bench.environment import environment, source_revision
+
+    assert source_revision(tmp_path) is None  # not a checkout
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert source_revision(tmp_path) == head
+    (tmp_path / "b.py").write_text("untracked\n")
+    assert source_revision(tmp_path) == head  # untracked files do not count
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert source_revision(tmp_path) == head + "+dirty"
+    env = environment("float32")
+    assert {"specgraft_revision", "cpu"} <= set(env)

@@ -1,13 +1,21 @@
-"""What a result was measured on: package versions, threads, CPU model, dtype.
+"""What a result was measured on: package versions, threads, CPU model and generation, the
+source revision, dtype.
 
->>> sorted(environment("bfloat16"))[:3]
-['cpu_count', 'cpu_model', 'dtype']
+The CPU's marketing name alone does not say which machine a figure came from (this project's
+CPU hosts all read "AMD EPYC", and were Zen 3, Zen 4 and Zen 5 parts with different vector
+units), so the vendor, family, model and widest vector extension are recorded beside it; and
+the git revision of the code that ran (with a flag when it had uncommitted changes), so a
+result can be tied to the code that produced it.
+
+>>> sorted(environment("bfloat16"))[:4]
+['cpu', 'cpu_count', 'cpu_model', 'dtype']
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -28,6 +36,60 @@ def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+#: Vector extensions, widest first, by their ``/proc/cpuinfo`` flag.
+VECTOR_ISAS = (("amx_tile", "amx"), ("avx512_bf16", "avx512-bf16"), ("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"))
+
+
+def cpu_id(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
+    r"""Vendor, family, model, stepping and the widest vector extension of the first processor in
+    ``cpuinfo`` (empty where it cannot be read, e.g. not Linux).
+
+    >>> import tempfile
+    >>> text = "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nstepping\t: 1\nflags\t\t: fpu avx avx2 fma\n"
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+    ...     _ = f.write(text)
+    >>> cpu_id(f.name)
+    {'vendor': 'AuthenticAMD', 'family': 25, 'model': 1, 'stepping': 1, 'vector': 'avx2'}
+    """
+    fields = {"vendor_id": "vendor", "cpu family": "family", "model": "model", "stepping": "stepping"}
+    out: dict[str, Any] = {}
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block only
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key in fields:
+            out[fields[key]] = int(value) if value.isdigit() else value
+        elif key == "flags":
+            flags = set(value.split())
+            out["vector"] = next((name for flag, name in VECTOR_ISAS if flag in flags), None)
+    return out
+
+
+def source_revision(path: str | Path | None = None) -> str | None:
+    """The git commit of the checkout holding ``path`` (default: this package's source), with
+    ``+dirty`` when its tracked files have uncommitted changes; None outside a git checkout (an
+    installed wheel) or without git."""
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return commit + ("+dirty" if dirty else "")
+
+
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in names:
@@ -45,10 +107,12 @@ def environment(dtype: str) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu_model": cpu_model(),
+        "cpu": cpu_id(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "dtype": dtype,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "packages": package_versions(),
+        "specgraft_revision": source_revision(),
     }

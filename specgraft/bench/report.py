@@ -169,6 +169,18 @@ def time_table(summary: Summary) -> list[str]:
     return _table(["method", "ms per new token", *PHASES], rows)
 
 
+def _cpu_id(cpu: dict | None) -> str:
+    """`` (family 25 model 1, avx2)`` from ``environment()['cpu']``; empty for runs that predate it.
+
+    >>> _cpu_id({"vendor": "AuthenticAMD", "family": 25, "model": 1, "vector": "avx2"}), _cpu_id(None)
+    (' (AuthenticAMD family 25 model 1, avx2)', '')
+    """
+    if not cpu:
+        return ""
+    what = " ".join(str(x) for x in (cpu.get("vendor"), "family", cpu.get("family"), "model", cpu.get("model")) if x is not None)
+    return f" ({what}" + (f", {cpu['vector']}" if cpu.get("vector") else "") + ")"
+
+
 def _dtype(cfg: dict) -> str:
     """``"float32 (auto)"`` when ``auto`` was resolved, else the dtype."""
     resolved = cfg.get("resolved_dtype") or cfg.get("dtype")
@@ -201,8 +213,9 @@ def render_markdown(
             + (f", draft model `{cfg['draft_model']}`" if cfg.get("draft_model") else "")
             + f", dtype {_dtype(cfg)}, temperature {cfg.get('temperature')}"
             + f", max new tokens {cfg.get('max_new_tokens')}, budget (nodes per step) {_budgets(cfg)}",
-            f"- machine: {env.get('cpu_model')}, {env.get('cpu_count')} CPUs, torch threads {env.get('torch_threads')}; {env.get('platform')}",
-            "- versions: " + ", ".join(f"{k} {v}" for k, v in pk.items() if v),
+            f"- machine: {env.get('cpu_model')}{_cpu_id(env.get('cpu'))}, {env.get('cpu_count')} CPUs, torch threads {env.get('torch_threads')}; {env.get('platform')}",
+            "- versions: " + ", ".join(f"{k} {v}" for k, v in pk.items() if v)
+            + (f"; specgraft revision {env['specgraft_revision']}" if env.get("specgraft_revision") else ""),
             f"- suites: {', '.join(run_info.get('suite', {}).get('sources', []))}",
             "",
         ]

@@ -99,6 +99,7 @@ def bench_serve(
     from specgraft.api import SpecDecoder
     from specgraft.batch import CostTable
     from specgraft.bench.batched import bench_batches, write_rows
+    from specgraft.bench.environment import environment
     from specgraft.cli.generate import cost_table_value, set_threads
     from specgraft.methods import GraftOptions, MethodOptions, get_method
     from specgraft.suites import load_suite
@@ -136,5 +137,6 @@ def bench_serve(
         "max_new_tokens": max_new_tokens, "cost_table": str(path) if path else None, "threads": torch.get_num_threads(),
         "device": str(ar.target.device), "dtype": str(ar.target.dtype).replace("torch.", ""), "draft_quant": draft_quant if draft_model else None,
         "bracket": bracket and rounds == 1, "rounds": rounds, "recycling_state": recycling_state,
+        "environment": environment(str(ar.target.dtype).replace("torch.", "")),
     }
     typer.echo(write_rows(rows, out, meta).read_text())
