@@ -50,6 +50,7 @@ def cpu_id(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
     ...     _ = f.write(text)
     >>> cpu_id(f.name)
     {'vendor': 'AuthenticAMD', 'family': 25, 'model': 1, 'stepping': 1, 'vector': 'avx2'}
+    >>> os.unlink(f.name)
     """
     fields = {"vendor_id": "vendor", "cpu family": "family", "model": "model", "stepping": "stepping"}
     out: dict[str, Any] = {}
@@ -71,10 +72,12 @@ def cpu_id(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
 
 
 def source_revision(path: str | Path | None = None) -> str | None:
-    """The git commit of the checkout holding ``path`` (default: this package's source), with
-    ``+dirty`` when its tracked files have uncommitted changes; None outside a git checkout (an
-    installed wheel) or without git."""
-    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    """The git commit of the checkout holding ``path`` (default: this package's source, and only
+    when the checkout is the package's own: a copy installed into a virtual environment that
+    happens to sit inside some repository is not that repository's code), with ``+dirty`` when
+    its tracked files have uncommitted changes; None outside a git checkout or without git."""
+    package = Path(__file__).resolve().parents[1]  # .../specgraft
+    where = Path(path) if path is not None else package
 
     def git(*args: str) -> str | None:
         try:
@@ -83,6 +86,8 @@ def source_revision(path: str | Path | None = None) -> str | None:
             return None
         return done.stdout.strip() if done.returncode == 0 else None
 
+    if path is None and git("rev-parse", "--show-toplevel") not in (str(package.parent), None):
+        return None
     commit = git("rev-parse", "HEAD")
     if not commit:
         return None

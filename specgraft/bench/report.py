@@ -170,7 +170,8 @@ def time_table(summary: Summary) -> list[str]:
 
 
 def _cpu_id(cpu: dict | None) -> str:
-    """`` (family 25 model 1, avx2)`` from ``environment()['cpu']``; empty for runs that predate it.
+    """`` (AuthenticAMD family 25 model 1, avx2)`` from ``environment()['cpu']``; empty for runs
+    that predate it.
 
     >>> _cpu_id({"vendor": "AuthenticAMD", "family": 25, "model": 1, "vector": "avx2"}), _cpu_id(None)
     (' (AuthenticAMD family 25 model 1, avx2)', '')
