@@ -664,6 +664,16 @@ def test_profile_and_bench_serve_cli(tmp_path, monkeypatch, capsys, tiny_model_d
     assert order == ["ar", "pld", "hf", "hf", "pld", "ar", "ar", "pld", "hf"], "the order alternates every round"
     assert "pld: " in err and "over 3 alternating rounds" in err
     assert json.loads((tmp_path / "rounds" / "run.json").read_text())["rounds"] == 3
+    assert "warm-up" not in err and json.loads((tmp_path / "bs" / "run.json").read_text())["warmup"] is False  # CPU default
+    code, out, err = run_cli(
+        monkeypatch, capsys, "bench-serve", "--model", tiny_model_dir, "--methods", "pld", "--batch-sizes", "2", "--warmup",
+        "--suite", str(suite), "--max-new-tokens", "6", "--out", str(tmp_path / "warm"), "--threads", "1",
+    )
+    assert code == 0, err
+    assert "B=2 warm-up (not timed): ar and hf, 2 prompts x 4 tokens" in err
+    rows = [json.loads(line) for line in (tmp_path / "warm" / "results.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in rows] == ["ar", "pld", "hf", "ar-end"] and all(r["tokens"] == 6 * 3 for r in rows)
+    assert json.loads((tmp_path / "warm" / "run.json").read_text())["warmup"] is True
     from specgraft.drafters.recycling import SuccessorMatrix
     from transformers import AutoConfig
 

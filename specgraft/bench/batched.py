@@ -25,6 +25,15 @@ the same run, in one of two ways:
   ratio is ``ar``'s summed time over its own; the log adds each round's ratio and their median.
   On a 2-core CPU whose speed wanders 8-12% over one pass set, this is what shows a few percent.
 
+On a GPU every batch size starts with an untimed **warm-up**: ``ar`` (and ``hf``) over the
+first ``B`` prompts for :data:`WARMUP_TOKENS` tokens, so the first timed pass at a new ``B``
+does not pay what its repeats do not (new kernel shapes, the allocator growing to the batch's
+KV cache). On an H100 the first ``ar`` pass at ``B = 16`` ran at 203.6 tokens/s and its
+``ar-end`` at 368.1 without it (``benchmarks/RESULTS.md``, *On a GPU again*). The policies are
+not warmed: what they learn is part of what a row measures. ``warmup=False`` skips it; on a
+CPU it is off by default (a prefill of ``B`` long prompts costs seconds there, and the drift
+seen on CPUs is the machine's, not a first pass's).
+
 For example, ``rounds = 2`` with ``ar`` and ``pld`` at ``B = 4`` runs ``ar, pld, pld, ar``; if
 those took 70, 66, 68 and 72 s, ``pld``'s ratio is (70 + 72) / (66 + 68) = 1.060x and its
 rounds' ratios 1.061x and 1.059x.
@@ -167,6 +176,10 @@ def hf_padded(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: i
     return BatchedRun(outs, lat, time.perf_counter() - t0, [], {})
 
 
+#: Tokens of each warm-up generation (module docstring).
+WARMUP_TOKENS = 4
+
+
 def bench_batches(
     decoders: dict[str, Any],
     prompts: Sequence[list[int]],
@@ -177,8 +190,10 @@ def bench_batches(
     log: Callable[[str], None] = print,
     bracket: bool = True,
     rounds: int = 1,
+    warmup: bool | None = None,
 ) -> list[BatchRow]:
-    """Every method in ``decoders`` (``ar`` first) at every batch size; see the module docstring."""
+    """Every method in ``decoders`` (``ar`` first) at every batch size; see the module docstring.
+    ``warmup``: an untimed plain pass per batch size first (None: on a GPU only)."""
     from specgraft.api import SpecDecoder
 
     if rounds < 1:
@@ -201,7 +216,15 @@ def bench_batches(
             return hf_padded(ar.model, prompts, max_new_tokens, b, pad)
         return run_batched(decoders[name], prompts, decoders[name].resolve(config), b, policies.get(name))
 
+    if warmup is None:
+        warmup = ar.target.device.type == "cuda"
+    short = ar.resolve(SpecDecoder.make_config(max_new_tokens=WARMUP_TOKENS, stop_on_eos=False))
     for b in batch_sizes:
+        if warmup:
+            run_batched(ar, prompts[:b], short, b, None)
+            if hf:
+                hf_padded(ar.model, prompts[:b], WARMUP_TOKENS, b, pad)
+            log(f"B={b} warm-up (not timed): ar{' and hf' if hf else ''}, {min(b, len(prompts))} prompts x {WARMUP_TOKENS} tokens")
         runs: dict[str, list[BatchedRun]] = {name: [] for name in names}
         for r in range(rounds):
             for name in names if r % 2 == 0 else names[::-1]:

@@ -87,6 +87,10 @@ def bench_serve(
         1, "--rounds", min=1,
         help="Passes per method at each batch size, alternating the order every round (2 or more: ratios over summed passes; --bracket is then not needed and ignored).",
     ),
+    warmup: Optional[bool] = typer.Option(
+        None, "--warmup/--no-warmup",
+        help="An untimed plain pass (ar, hf) of a few tokens at each batch size before the timed ones (default: on a GPU only).",
+    ),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, bfloat16, float16 or float32."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (recorded)."),
@@ -131,12 +135,15 @@ def bench_serve(
         prompts.append(ids)
     if not prompts:
         raise ValueError("no prompt of the suite fits the context window")
-    rows = bench_batches(decoders, prompts, sizes, max_new_tokens, costs, hf=hf, log=console.print, bracket=bracket, rounds=rounds)
+    rows = bench_batches(
+        decoders, prompts, sizes, max_new_tokens, costs, hf=hf, log=console.print, bracket=bracket, rounds=rounds, warmup=warmup,
+    )
     meta = {
         "model": model, "draft_model": draft_model, "methods": names, "batch_sizes": sizes, "suite": suite, "prompts": len(prompts),
         "max_new_tokens": max_new_tokens, "cost_table": str(path) if path else None, "threads": torch.get_num_threads(),
         "device": str(ar.target.device), "dtype": str(ar.target.dtype).replace("torch.", ""), "draft_quant": draft_quant if draft_model else None,
         "bracket": bracket and rounds == 1, "rounds": rounds, "recycling_state": recycling_state,
+        "warmup": ar.target.device.type == "cuda" if warmup is None else warmup,
         "environment": environment(str(ar.target.dtype).replace("torch.", "")),
     }
     typer.echo(write_rows(rows, out, meta).read_text())
