@@ -299,3 +299,20 @@ def test_pending_rows_of_one_slot_never_reach_another(arch):
     for s in seqs:
         engine.finish(s)
     assert [s.new_tokens for s in seqs] == alone
+
+
+def test_committing_the_first_pending_row_alone_needs_no_check(tiny_model, monkeypatch):
+    """A plain step commits its root row alone (``[0]``): always a chain (the first pending row
+    has no pending parent), so the chain check and its two host transfers (device syncs on a
+    GPU) are skipped; the slot then holds what a fresh prefill gives."""
+    target = HFTarget(tiny_model)
+    slot = target.allocate()
+    target.prefill(slot, [5, 6, 7])
+    target.forward_rows(slot, [8, 9, 4], [-1, 0, -1])  # a root row and a tree under it
+    class WriteOnly(dict):  # the check would read the slot's ancestor sets; the reset writes them
+        def __getitem__(self, key):
+            raise AssertionError("the chain check ran")
+
+    monkeypatch.setattr(target, "_ancestors", WriteOnly())
+    target.commit(slot, [0])
+    assert_slot_equals_fresh_prefill(target, slot, [5, 6, 7, 8])

@@ -493,7 +493,9 @@ class HFTarget:
         ancestor sets)."""
         keep = list(keep_rows)
         pend = self.cache.pending[slot]
-        if keep and all(0 <= r < pend for r in keep):
+        # the first pending row alone is always a chain (its parent is a committed row or none):
+        # a plain step's commit skips the check's two host transfers (device syncs on a GPU)
+        if keep != [0] and keep and all(0 <= r < pend for r in keep):
             # [m, m] and [m]: each kept row sees exactly the kept rows up to itself
             seen = self._ancestors[slot][keep]
             chain = seen[:, keep].tolist() == torch.ones(len(keep), len(keep), dtype=torch.bool).tril_().tolist()
