@@ -180,6 +180,15 @@ def hf_padded(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: i
 WARMUP_TOKENS = 4
 
 
+def resolve_warmup(warmup: bool | None, device: torch.device) -> bool:
+    """Whether :func:`bench_batches` warms each batch size up: ``warmup``, or by default on a GPU.
+
+    >>> resolve_warmup(None, torch.device("cpu")), resolve_warmup(None, torch.device("cuda")), resolve_warmup(True, torch.device("cpu"))
+    (False, True, True)
+    """
+    return device.type == "cuda" if warmup is None else warmup
+
+
 def bench_batches(
     decoders: dict[str, Any],
     prompts: Sequence[list[int]],
@@ -216,11 +225,10 @@ def bench_batches(
             return hf_padded(ar.model, prompts, max_new_tokens, b, pad)
         return run_batched(decoders[name], prompts, decoders[name].resolve(config), b, policies.get(name))
 
-    if warmup is None:
-        warmup = ar.target.device.type == "cuda"
-    short = ar.resolve(SpecDecoder.make_config(max_new_tokens=WARMUP_TOKENS, stop_on_eos=False))
+    warmup = resolve_warmup(warmup, ar.target.device)
     for b in batch_sizes:
         if warmup:
+            short = ar.resolve(SpecDecoder.make_config(max_new_tokens=WARMUP_TOKENS, stop_on_eos=False))
             run_batched(ar, prompts[:b], short, b, None)
             if hf:
                 hf_padded(ar.model, prompts[:b], WARMUP_TOKENS, b, pad)

@@ -102,7 +102,7 @@ def bench_serve(
 
     from specgraft.api import SpecDecoder
     from specgraft.batch import CostTable
-    from specgraft.bench.batched import bench_batches, write_rows
+    from specgraft.bench.batched import bench_batches, resolve_warmup, write_rows
     from specgraft.bench.environment import environment
     from specgraft.cli.generate import cost_table_value, set_threads
     from specgraft.methods import GraftOptions, MethodOptions, get_method
@@ -135,15 +135,16 @@ def bench_serve(
         prompts.append(ids)
     if not prompts:
         raise ValueError("no prompt of the suite fits the context window")
+    warmup = resolve_warmup(warmup, ar.target.device)
     rows = bench_batches(
         decoders, prompts, sizes, max_new_tokens, costs, hf=hf, log=console.print, bracket=bracket, rounds=rounds, warmup=warmup,
     )
+    dtype_name = str(ar.target.dtype).replace("torch.", "")
     meta = {
         "model": model, "draft_model": draft_model, "methods": names, "batch_sizes": sizes, "suite": suite, "prompts": len(prompts),
         "max_new_tokens": max_new_tokens, "cost_table": str(path) if path else None, "threads": torch.get_num_threads(),
-        "device": str(ar.target.device), "dtype": str(ar.target.dtype).replace("torch.", ""), "draft_quant": draft_quant if draft_model else None,
-        "bracket": bracket and rounds == 1, "rounds": rounds, "recycling_state": recycling_state,
-        "warmup": ar.target.device.type == "cuda" if warmup is None else warmup,
-        "environment": environment(str(ar.target.dtype).replace("torch.", "")),
+        "device": str(ar.target.device), "dtype": dtype_name, "draft_quant": draft_quant if draft_model else None,
+        "bracket": bracket and rounds == 1, "rounds": rounds, "recycling_state": recycling_state, "warmup": warmup,
+        "environment": environment(dtype_name),
     }
     typer.echo(write_rows(rows, out, meta).read_text())
