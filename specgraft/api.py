@@ -24,6 +24,7 @@ from specgraft.detokenize import TextStream
 from specgraft.engine import SpecEngine
 from specgraft.methods import GRAFT_METHODS, MethodOptions, get_method, method_budget
 from specgraft.methods.graft import check_calibration_budget
+from specgraft.models.fusion import fused_groups
 from specgraft.models.hf import HFTarget, load_causal_lm, parse_dtype, resolve_device
 from specgraft.models.loading import load_draft_model
 from specgraft.models.quant import draft_numerics
@@ -144,7 +145,8 @@ class SpecDecoder:
 
         ``device="auto"`` is ``cuda`` when a GPU is available, else ``cpu``; ``dtype="auto"`` picks
         float32 on CPUs without native bf16 (see ``models/kernels.py``), bfloat16 on GPUs;
-        ``fast_kernels`` swaps the linears for oneDNN ones on CPU (same numbers, faster). A method
+        ``fast_kernels`` fuses the q/k/v and gate/up projections (``models/fusion.py``) and swaps
+        the linears for oneDNN ones on CPU (same numbers, faster). A method
         that needs a draft model loads ``options.graft.draft_model`` the same way, on the same device.
         """
         from specgraft.models.resolve import load_errors, resolve_model
@@ -333,7 +335,8 @@ class SpecDecoder:
 
     def resolved_config(self, config: GenerationConfig) -> dict[str, Any]:
         """What a run prints and records: method, generation config (budget resolved), options,
-        dtypes, threads, attention implementations (``specgraft_sdpa``: ``models/attention.py``)."""
+        dtypes, threads, attention implementations (``specgraft_sdpa``: ``models/attention.py``),
+        fused projection groups (``models/fusion.py``; 0 = the plain layout)."""
         out = {
             "method": self.method,
             "generation": self.resolve(config).to_dict(),
@@ -343,6 +346,7 @@ class SpecDecoder:
             "threads": torch.get_num_threads(),
             "small_input_rows": self.small_input_rows,
             "attention": getattr(self.model.config, "_attn_implementation", None),
+            "fused_projections": fused_groups(self.model),
         }
         if self.spec.needs_draft_model:
             out["draft_model"] = {
@@ -350,6 +354,7 @@ class SpecDecoder:
                 "dtype": _dtype_name(next(self.draft_model.parameters()).dtype),
                 "numerics": draft_numerics(self.draft_model),
                 "attention": getattr(self.draft_model.config, "_attn_implementation", None),
+                "fused_projections": fused_groups(self.draft_model),
             }
         return out
 

@@ -450,6 +450,7 @@ def test_draft_model_methods(target_dir, draft_dir, tmp_path):
         assert r.config["calibration"] == calibration
         if r.method != "ar":
             assert method_config["options"]["graft"]["calibration"] == calibration
+            assert method_config["draft_model"].pop("fused_projections") > 0, "q/k/v and gate/up fused on CPU"
             assert method_config["draft_model"] == {
                 "name_or_path": draft_dir, "dtype": "float32", "numerics": "int8", "attention": "specgraft_sdpa"
             }, "auto on CPU"

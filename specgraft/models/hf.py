@@ -40,6 +40,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specgraft.cache.slots import SlotCache
 from specgraft.models.attention import PACKED_SDPA, attention_implementation
+from specgraft.models.fusion import fuse_projections
 from specgraft.models.kernels import auto_dtype, use_onednn_linears
 from specgraft.tree.layout import depth_from_mask, pending_ancestors
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
@@ -101,15 +102,23 @@ def synchronize(device: torch.device) -> None:
 
 
 def load_causal_lm(
-    name_or_path: str, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu", fast_kernels: bool = True
+    name_or_path: str,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    fast_kernels: bool = True,
+    fuse: bool | None = None,
 ) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_pretrained`` straight onto ``device`` (``device_map``), with the
     ``sdpa`` attention the tree mask needs (on CPU its GQA packed rather than copied,
-    ``models/attention.py``), + oneDNN linears on CPU (``models/kernels.py``)."""
+    ``models/attention.py``), + on CPU the q/k/v and gate/up projections fused
+    (``models/fusion.py``; ``fuse``, default ``fast_kernels``) and oneDNN linears
+    (``models/kernels.py``)."""
     device = torch.device(device)
     model = AutoModelForCausalLM.from_pretrained(
         name_or_path, dtype=parse_dtype(dtype, device), device_map=str(device), attn_implementation=attention_implementation(device)
     ).eval()
+    if (fast_kernels if fuse is None else fuse) and device.type == "cpu":
+        fuse_projections(model)
     if fast_kernels and device.type == "cpu":
         use_onednn_linears(model)
     release_freed_memory()

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 # Loaded draft models by (path, dtype, numerics, device), alive while a drafter uses them.
-_loaded_models: "weakref.WeakValueDictionary[tuple[str, str, str, str], nn.Module]" = weakref.WeakValueDictionary()
+_loaded_models: "weakref.WeakValueDictionary[tuple[str, str, str, str, bool], nn.Module]" = weakref.WeakValueDictionary()
 
 
 def load_draft_model(
@@ -30,6 +30,7 @@ def load_draft_model(
     progress: bool = True,
     target_tokenizer: PreTrainedTokenizerBase | None = None,
     quant: str = "none",
+    fuse: bool = True,
 ) -> nn.Module:
     """Load (or reuse, while loaded) a draft model by catalog name, directory or hub id, with the
     same loader and CPU kernels as the target (:func:`specgraft.models.hf.load_causal_lm`).
@@ -38,7 +39,9 @@ def load_draft_model(
     :mod:`specgraft.models.quant`) picks the draft's numerics; ``none`` keeps ``dtype``. ``int8``
     (and ``int8-tensor``) loads in float32 with plain
     linears, quantizes them, then applies the oneDNN swap to whatever stayed fp32 (nothing in
-    the catalog models), so quantized linears are never repacked in fp32.
+    the catalog models), so quantized linears are never repacked in fp32. On CPU the q/k/v and
+    gate/up projections are fused first (``models/fusion.py``; int8 outputs bit-identical to the
+    unfused ones) unless ``fuse`` is false.
 
     With ``target_tokenizer``, the draft model's tokenizer must have the same vocabulary
     (``ValueError`` otherwise): equal vocabulary sizes alone would let two tokenizers that
@@ -60,11 +63,11 @@ def load_draft_model(
         AutoConfig.from_pretrained(path)  # cheap: "not a model" before the tokenizer check says something vaguer
     if target_tokenizer is not None:
         check_same_vocabulary(name, path, target_tokenizer)
-    key = (str(path), str(resolved), quant, str(device))
+    key = (str(path), str(resolved), quant, str(device), fuse)
     model = _loaded_models.get(key)
     if model is None:
         with load_errors(name, "draft model"):
-            model = load_causal_lm(path, resolved, device, fast_kernels=quant not in INT8_QUANTS)
+            model = load_causal_lm(path, resolved, device, fast_kernels=quant not in INT8_QUANTS, fuse=fuse)
         if quant in INT8_QUANTS:
             quantize_int8_dynamic(model, row_groups=quant == "int8")
             use_onednn_linears(model)
