@@ -9,6 +9,13 @@ to prompt, every output compared with the plain ``ar``'s::
     python benchmarks/measure_fusion.py --out benchmarks/results-issue14/fusion/zen3.json
     python benchmarks/measure_fusion.py --forwards 0 --per-task 1 --tasks translation,qa,summarization \
         --out benchmarks/results-issue14/fusion/zen3-generations.json
+
+On a GPU (``--device cuda``: bf16 target and draft, timed with the device synchronised, rows
+1-64; the loaders do not fuse there by default, so this is the measurement that would decide
+it; random weights of the catalog shapes serve, ``random_models.py``)::
+
+    python benchmarks/measure_fusion.py --device cuda --model /tmp/rm/qwen2.5-coder-1.5b-instruct \
+        --draft-model /tmp/rm/qwen2.5-coder-0.5b-instruct --out gpu-fusion.json
 """
 
 import argparse
@@ -33,6 +40,7 @@ def main() -> None:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu (fp32 target, int8 draft) or cuda (bf16 both)")
     parser.add_argument("--context", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--target-rows", default="1,4,8,16")
@@ -44,14 +52,24 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    gpu = args.device != "cpu"
+    dtype, quant = ("bfloat16", "none") if gpu else ("float32", "int8")
+    if gpu and args.target_rows == "1,4,8,16":
+        args.target_rows, args.draft_rows = "1,4,16,64", "1,2,8"
     path = str(resolve_model(args.model, progress=False))
     pairs = {
-        "target": [load_causal_lm(path, "float32", "cpu", fuse=f) for f in (False, True)],
-        "draft": [load_draft_model(args.draft_model, "float32", quant="int8", progress=False, fuse=f) for f in (False, True)],
+        "target": [load_causal_lm(path, dtype, args.device, fuse=f) for f in (False, True)],
+        "draft": [load_draft_model(args.draft_model, dtype, args.device, quant=quant, progress=False, fuse=f) for f in (False, True)],
     }
     rows_of = {"target": [int(r) for r in args.target_rows.split(",")], "draft": [int(r) for r in args.draft_rows.split(",")]}
     gen = torch.Generator().manual_seed(0)
-    context = torch.randint(200, 30000, (1, args.context), generator=gen)
+    context = torch.randint(200, 30000, (1, args.context), generator=gen).to(args.device)
+
+    def clock() -> float:
+        if gpu:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     results = []
     with torch.inference_mode():
         for role, models in pairs.items() if args.forwards else ():
@@ -61,14 +79,14 @@ def main() -> None:
                 out = m(context, use_cache=True)
                 caches.append(out.past_key_values)
             for rows in rows_of[role]:
-                new = torch.randint(200, 30000, (1, rows), generator=gen)
+                new = torch.randint(200, 30000, (1, rows), generator=gen).to(args.device)
                 times: list[list[float]] = [[], []]
                 logits = [None, None]
                 for rep in range(args.repeats + 1):
                     for i in (0, 1) if rep % 2 == 0 else (1, 0):
-                        t0 = time.perf_counter()
+                        t0 = clock()
                         out = models[i](new, cache=caches[i], use_cache=True)
-                        dt = time.perf_counter() - t0
+                        dt = clock() - t0
                         caches[i].crop(-rows)
                         if rep:  # the first pass warms up
                             times[i].append(dt)
@@ -84,7 +102,8 @@ def main() -> None:
     generations = generate(args, path, pairs) if args.per_task else []
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"context": args.context, "threads": args.threads, "rows": results, "generations": generations}, indent=1) + "\n")
+        record = {"device": args.device, "context": args.context, "threads": args.threads, "rows": results, "generations": generations}
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def generate(args, path: str, pairs: dict) -> list[dict]:

@@ -141,3 +141,30 @@ def test_packed_attention_on_cuda_equals_sdpa_and_speculates_exactly():
     config = GenerationConfig(max_new_tokens=20, budget=12)
     for p, _ in make_prompts(4, model.config.vocab_size):
         assert engine.generate_ids(p, config) == hf_greedy(model, p, 20)
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_fused_projections_on_cuda_compute_the_plain_function(arch):
+    """q/k/v and gate/up fused (``models/fusion.py``; CPU loaders fuse, GPU loaders only when
+    asked): the same tree forward's logits as the plain layout on the GPU, and greedy
+    ``draft-tree`` over fused target and draft equals plain decoding of the plain model."""
+    from specgraft.models.fusion import fuse_projections
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = TINY_MODELS[arch]().cuda()
+    fused, draft = TINY_MODELS[arch]().cuda(), perturbed(model)
+    assert fuse_projections(fused) > 0 and fuse_projections(draft) > 0
+    prompt = [5 + (7 * i) % 80 for i in range(23)]
+    logits = []
+    for m in (model, fused):
+        target = HFTarget(m)
+        slot = target.allocate()
+        target.prefill(slot, prompt)
+        logits.append(target.forward_rows(slot, [9, 10, 11, 12, 13, 14], [-1, 0, 0, 1, 2, 4]).logits)
+    torch.testing.assert_close(logits[0], logits[1], rtol=0, atol=1e-5)
+    target = HFTarget(fused)
+    drafters, composer = build_method("draft-tree", target, MethodOptions(), draft)
+    engine = SpecEngine(target, drafters, composer, method="draft-tree")
+    config = GenerationConfig(max_new_tokens=20, budget=12)
+    for p, _ in make_prompts(4, model.config.vocab_size):
+        assert engine.generate_ids(p, config) == hf_greedy(model, p, 20)

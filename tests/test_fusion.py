@@ -7,7 +7,8 @@ from specgraft.api import SpecDecoder
 from specgraft.models.fusion import ProjectionSlice, fuse_projections, fused_groups
 from specgraft.models.hf import HFTarget, load_causal_lm
 from specgraft.models.kernels import OneDNNLinear, onednn_available, use_onednn_linears
-from specgraft.models.quant import int8_available, quantize_int8_dynamic
+from specgraft.models.loading import load_draft_model
+from specgraft.models.quant import draft_numerics, int8_available, quantize_int8_dynamic
 
 from tests.conftest import TINY_MODELS, tiny_qwen2, tiny_tokenizer
 
@@ -128,6 +129,11 @@ def test_loader_fuses_on_cpu_unless_told_not_to(tiny_model_dir):
     assert fused_groups(load_causal_lm(str(tiny_model_dir), "float32", "cpu")) > 0
     assert fused_groups(load_causal_lm(str(tiny_model_dir), "float32", "cpu", fuse=False)) == 0
     assert fused_groups(load_causal_lm(str(tiny_model_dir), "float32", "cpu", fast_kernels=False)) == 0
+    assert fused_groups(load_causal_lm(str(tiny_model_dir), "float32", "cpu", fast_kernels=False, fuse=True)) > 0
+    # draft models: fused on CPU (before int8 quantization), kept apart per layout in the loader's cache
+    int8 = load_draft_model(str(tiny_model_dir), "float32", quant="int8", progress=False)
+    plain = load_draft_model(str(tiny_model_dir), "float32", quant="int8", progress=False, fuse=False)
+    assert fused_groups(int8) > 0 and fused_groups(plain) == 0 and draft_numerics(int8) == draft_numerics(plain) == "int8"
 
 
 @pytest.mark.parametrize("method", ["pld", "draft-tree"])

@@ -110,14 +110,14 @@ def load_causal_lm(
 ) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_pretrained`` straight onto ``device`` (``device_map``), with the
     ``sdpa`` attention the tree mask needs (on CPU its GQA packed rather than copied,
-    ``models/attention.py``), + on CPU the q/k/v and gate/up projections fused
-    (``models/fusion.py``; ``fuse``, default ``fast_kernels``) and oneDNN linears
-    (``models/kernels.py``)."""
+    ``models/attention.py``), + the q/k/v and gate/up projections fused (``models/fusion.py``;
+    ``fuse``: default ``fast_kernels`` on CPU, off on a GPU, where it is unmeasured) and, on CPU,
+    oneDNN linears (``models/kernels.py``)."""
     device = torch.device(device)
     model = AutoModelForCausalLM.from_pretrained(
         name_or_path, dtype=parse_dtype(dtype, device), device_map=str(device), attn_implementation=attention_implementation(device)
     ).eval()
-    if (fast_kernels if fuse is None else fuse) and device.type == "cpu":
+    if (fast_kernels and device.type == "cpu") if fuse is None else fuse:
         fuse_projections(model)
     if fast_kernels and device.type == "cpu":
         use_onednn_linears(model)

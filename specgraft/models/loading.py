@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-# Loaded draft models by (path, dtype, numerics, device), alive while a drafter uses them.
+# Loaded draft models by (path, dtype, numerics, device, fused), alive while a drafter uses them.
 _loaded_models: "weakref.WeakValueDictionary[tuple[str, str, str, str, bool], nn.Module]" = weakref.WeakValueDictionary()
 
 
@@ -30,7 +30,7 @@ def load_draft_model(
     progress: bool = True,
     target_tokenizer: PreTrainedTokenizerBase | None = None,
     quant: str = "none",
-    fuse: bool = True,
+    fuse: bool | None = None,
 ) -> nn.Module:
     """Load (or reuse, while loaded) a draft model by catalog name, directory or hub id, with the
     same loader and CPU kernels as the target (:func:`specgraft.models.hf.load_causal_lm`).
@@ -39,9 +39,9 @@ def load_draft_model(
     :mod:`specgraft.models.quant`) picks the draft's numerics; ``none`` keeps ``dtype``. ``int8``
     (and ``int8-tensor``) loads in float32 with plain
     linears, quantizes them, then applies the oneDNN swap to whatever stayed fp32 (nothing in
-    the catalog models), so quantized linears are never repacked in fp32. On CPU the q/k/v and
-    gate/up projections are fused first (``models/fusion.py``; int8 outputs bit-identical to the
-    unfused ones) unless ``fuse`` is false.
+    the catalog models), so quantized linears are never repacked in fp32. The q/k/v and gate/up
+    projections are fused first (``models/fusion.py``; int8 outputs bit-identical to the unfused
+    ones): ``fuse`` None fuses on CPU only, True or False decide on any device.
 
     With ``target_tokenizer``, the draft model's tokenizer must have the same vocabulary
     (``ValueError`` otherwise): equal vocabulary sizes alone would let two tokenizers that
@@ -49,6 +49,7 @@ def load_draft_model(
     drafter is built). A model that cannot be pulled or loaded raises
     :class:`~specgraft.models.resolve.ModelLoadError` naming it.
     """
+    import torch
     from transformers import AutoConfig
 
     from specgraft.models.hf import load_causal_lm, parse_dtype, release_freed_memory
@@ -63,6 +64,7 @@ def load_draft_model(
         AutoConfig.from_pretrained(path)  # cheap: "not a model" before the tokenizer check says something vaguer
     if target_tokenizer is not None:
         check_same_vocabulary(name, path, target_tokenizer)
+    fuse = torch.device(device).type == "cpu" if fuse is None else fuse
     key = (str(path), str(resolved), quant, str(device), fuse)
     model = _loaded_models.get(key)
     if model is None:
