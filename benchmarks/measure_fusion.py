@@ -73,7 +73,8 @@ def main() -> None:
     results = []
     with torch.inference_mode():
         for role, models in pairs.items() if args.forwards else ():
-            assert [fused_groups(m) for m in models][0] == 0 < fused_groups(models[1])
+            if fused_groups(models[0]) or not fused_groups(models[1]):
+                raise SystemExit(f"{role}: expected a plain and a fused copy, got {[fused_groups(m) for m in models]} fused groups")
             caches = []
             for m in models:
                 out = m(context, use_cache=True)
@@ -126,17 +127,18 @@ def generate(args, path: str, pairs: dict) -> list[dict]:
     rows, totals = [], {}
     for n, prompt in enumerate(task_tuning_prompts(args.per_task, args.tasks.split(","))):
         ids = decoders["plain"]["ar"].encode(prompt.turns[0], chat=prompt.chat)
-        reference = None
+        outputs, prompt_rows = {}, []
         for layout in ("plain", "fused") if n % 2 == 0 else ("fused", "plain"):
             for method, dec in decoders[layout].items():
                 seconds, out = timed_generate(dec, ids, args.max_new_tokens, stop_on_eos=True)
-                if reference is None:
-                    reference = out.tokens  # the first ar (plain or fused): both must agree anyway
-                row = {"id": prompt.id, "layout": layout, "method": method, "s": round(seconds, 2), "tokens": len(out.tokens),
-                       "steps": out.stats.steps, "equal": out.tokens == reference}
-                rows.append(row)
+                outputs[layout, method] = out.tokens
+                prompt_rows.append({"id": prompt.id, "layout": layout, "method": method, "s": round(seconds, 2),
+                                    "tokens": len(out.tokens), "steps": out.stats.steps})
                 totals[(layout, method)] = totals.get((layout, method), 0.0) + seconds
-                print(row, flush=True)
+        for row in prompt_rows:  # every output against the plain layout's ar
+            row["equal"] = outputs[row["layout"], row["method"]] == outputs["plain", "ar"]
+            print(row, flush=True)
+        rows += prompt_rows
     for (layout, method), seconds in sorted(totals.items()):
         print(f"{layout} {method}: {seconds:.1f} s")
     return rows

@@ -15,7 +15,8 @@ output; the others, called with *the same tensor object* (Hugging Face passes on
 ``hidden_states`` to each), take their columns of it. The group drops the input and output once
 its last member has read them, so nothing outlives the layer's forward. A member called with
 another input (code that calls ``k_proj`` alone) still gets the right answer: the fused output
-is computed for that input.
+is computed for that input. (Assumed, as in Hugging Face's layers: the input is not modified in
+place between the group's member calls.)
 
 Numerics. The fused linear is an ordinary ``nn.Linear``, so the loaders' kernels apply to it as
 to any other (``models/kernels.py`` prepacks it for oneDNN in fp32; ``models/quant.py`` quantizes
@@ -32,8 +33,9 @@ it for the int8 draft). Each output column is the same dot product as before:
 
 Measured (AMD EPYC Zen 3, 2 threads, 600 cached tokens, 16 alternating repeats;
 ``benchmarks/measure_fusion.py``): the fp32 1.5B target's forwards 4-9% cheaper at 1 / 4 / 16
-rows and 2% at 8, the int8 0.5B draft's 5-7% at 1-4 rows. Only CPU loaders fuse: a GPU run is
-unmeasured.
+rows and 2% at 8, the int8 0.5B draft's 5-7% at 1-4 rows. Loaders fuse on CPU by default and
+on a GPU only when asked (``fuse=True``; unmeasured there: ``benchmarks/gpu_check.sh``, stage
+``fusion``).
 
 Example::
 
@@ -162,4 +164,5 @@ def fuse_projections(model: nn.Module) -> int:
 
 def fused_groups(model: nn.Module) -> int:
     """How many fused groups ``model`` holds (0 for a plain model)."""
-    return sum(isinstance(getattr(m, name, None), ProjectionSlice) for m in model.modules() for name in (GROUPS[0][0][0], GROUPS[1][0][0]))
+    firsts = [names[0] for names, _ in GROUPS]
+    return sum(isinstance(getattr(m, name, None), ProjectionSlice) for m in model.modules() for name in firsts)
