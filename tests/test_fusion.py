@@ -61,7 +61,42 @@ def test_one_fused_call_a_group_and_nothing_kept_after_the_forward():
     _logits(model, *_tree_inputs(model.config.vocab_size))
     assert len(calls) == 2 * 2 * 2  # two forwards x two layers x two groups: no member recomputed
     groups = [m._group for m in model.modules() if isinstance(m, ProjectionSlice)]
-    assert groups and all(g.input is None and g.output is None for g in groups), "the layer's tensors are let go"
+    assert groups and not any(g.pending for g in groups), "the layer's tensors are let go"
+
+
+def test_fused_model_deep_copies_and_runs_in_two_threads():
+    """A deep copy's slices read their own fused linears (the draft-model tests perturb copies),
+    and two threads running forwards of one fused model do not take each other's outputs."""
+    import copy
+    import threading
+
+    model = tiny_qwen2()
+    fuse_projections(model)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.model.layers[0].self_attn.qkv_proj.weight.mul_(2.0)
+    assert twin.model.layers[0].self_attn.k_proj._group.fused() is twin.model.layers[0].self_attn.qkv_proj
+    inputs = _tree_inputs(model.config.vocab_size)
+    want = _logits(model, *inputs)
+    assert not torch.allclose(_logits(twin, *inputs)[1], want[1]), "the copy computes with its own weights"
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, model.config.vocab_size, (1, 40), generator=gen) for _ in range(2)]
+    with torch.inference_mode():
+        expected = [model(p).logits for p in prompts]
+    got: dict[int, list] = {0: [], 1: []}
+
+    def run(i: int) -> None:
+        with torch.inference_mode():
+            for _ in range(20):
+                got[i].append(model(prompts[i]).logits)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in (0, 1):
+        assert all(torch.equal(g, expected[i]) for g in got[i])
 
 
 def test_a_member_called_alone_or_with_another_input_is_still_right():

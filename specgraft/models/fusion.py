@@ -47,6 +47,8 @@ Example::
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import nn
 
@@ -61,28 +63,29 @@ GROUPS: tuple[tuple[tuple[str, ...], str], ...] = (
 
 class _Group:
     """Shared by a group's slices (a plain object, so the parent module is not registered twice):
-    where the fused linear lives, and the last input it ran on with its output."""
+    where the fused linear lives, and per thread the last input it ran on, its output and how
+    many members have read it (per thread: two threads may run forwards of one model)."""
 
-    __slots__ = ("owner", "name", "members", "input", "output", "reads")
+    __slots__ = ("owner", "name", "members", "pending")
 
     def __init__(self, owner: nn.Module, name: str, members: int):
         self.owner, self.name, self.members = owner, name, members
-        self.input: torch.Tensor | None = None
-        self.output: torch.Tensor | None = None
-        self.reads = 0
+        # thread id -> [input, output, reads]; a dict (not threading.local) so models deep-copy
+        self.pending: dict[int, list] = {}
 
     def fused(self) -> nn.Module:
         # looked up at call time: quantization or the oneDNN swap replace the parent's child
         return getattr(self.owner, self.name)
 
     def output_for(self, x: torch.Tensor) -> torch.Tensor:
-        if self.input is not x:
-            self.input, self.output, self.reads = x, self.fused()(x), 0
-        out = self.output
-        self.reads += 1
-        if self.reads >= self.members:  # every member has its slice: let the tensors go
-            self.input = self.output = None
-        return out
+        me = threading.get_ident()
+        entry = self.pending.get(me)
+        if entry is None or entry[0] is not x:
+            entry = self.pending[me] = [x, self.fused()(x), 0]
+        entry[2] += 1
+        if entry[2] >= self.members:  # every member has its slice: let the tensors go
+            del self.pending[me]
+        return entry[1]
 
 
 class ProjectionSlice(nn.Module):
