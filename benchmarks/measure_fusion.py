@@ -43,8 +43,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu (fp32 target, int8 draft) or cuda (bf16 both)")
     parser.add_argument("--context", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=6)
-    parser.add_argument("--target-rows", default="1,4,8,16")
-    parser.add_argument("--draft-rows", default="1,2,4")
+    parser.add_argument("--target-rows", default=None, help="default 1,4,8,16 on CPU, 1,4,16,64 on a GPU")
+    parser.add_argument("--draft-rows", default=None, help="default 1,2,4 on CPU, 1,2,8 on a GPU")
     parser.add_argument("--forwards", type=int, default=1, help="0: skip the single forwards")
     parser.add_argument("--per-task", type=int, default=0, help="held-out prompts a task for the generations (0: none)")
     parser.add_argument("--tasks", default="translation,qa,summarization")
@@ -54,14 +54,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     gpu = args.device != "cpu"
     dtype, quant = ("bfloat16", "none") if gpu else ("float32", "int8")
-    if gpu and args.target_rows == "1,4,8,16":
-        args.target_rows, args.draft_rows = "1,4,16,64", "1,2,8"
+    target_rows = args.target_rows or ("1,4,16,64" if gpu else "1,4,8,16")
+    draft_rows = args.draft_rows or ("1,2,8" if gpu else "1,2,4")
     path = str(resolve_model(args.model, progress=False))
     pairs = {
         "target": [load_causal_lm(path, dtype, args.device, fuse=f) for f in (False, True)],
         "draft": [load_draft_model(args.draft_model, dtype, args.device, quant=quant, progress=False, fuse=f) for f in (False, True)],
     }
-    rows_of = {"target": [int(r) for r in args.target_rows.split(",")], "draft": [int(r) for r in args.draft_rows.split(",")]}
+    rows_of = {"target": [int(r) for r in target_rows.split(",")], "draft": [int(r) for r in draft_rows.split(",")]}
     gen = torch.Generator().manual_seed(0)
     context = torch.randint(200, 30000, (1, args.context), generator=gen).to(args.device)
 

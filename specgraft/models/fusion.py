@@ -149,6 +149,16 @@ def _fuse_group(parent: nn.Module, names: tuple[str, ...], fused_name: str) -> b
     return True
 
 
+def fuse_by_default(fuse: bool | None, device: torch.device | str, fast_kernels: bool = True) -> bool:
+    """Whether a loader fuses: ``fuse`` when given, else on CPU with the fast kernels (a GPU is
+    unmeasured; module docstring).
+
+    >>> fuse_by_default(None, "cpu"), fuse_by_default(None, "cuda"), fuse_by_default(None, "cpu", fast_kernels=False), fuse_by_default(True, "cuda")
+    (True, False, False, True)
+    """
+    return (fast_kernels and torch.device(device).type == "cpu") if fuse is None else fuse
+
+
 def fuse_projections(model: nn.Module) -> int:
     """Fuse every group of :data:`GROUPS` found in ``model`` (module docstring); returns how many
     groups were fused. Modules whose members are not plain ``nn.Linear`` (already quantized or

@@ -40,7 +40,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specgraft.cache.slots import SlotCache
 from specgraft.models.attention import PACKED_SDPA, attention_implementation
-from specgraft.models.fusion import fuse_projections
+from specgraft.models.fusion import fuse_by_default, fuse_projections
 from specgraft.models.kernels import auto_dtype, use_onednn_linears
 from specgraft.tree.layout import depth_from_mask, pending_ancestors
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
@@ -117,7 +117,7 @@ def load_causal_lm(
     model = AutoModelForCausalLM.from_pretrained(
         name_or_path, dtype=parse_dtype(dtype, device), device_map=str(device), attn_implementation=attention_implementation(device)
     ).eval()
-    if (fast_kernels and device.type == "cpu") if fuse is None else fuse:
+    if fuse_by_default(fuse, device, fast_kernels):
         fuse_projections(model)
     if fast_kernels and device.type == "cpu":
         use_onednn_linears(model)

@@ -49,9 +49,9 @@ def load_draft_model(
     drafter is built). A model that cannot be pulled or loaded raises
     :class:`~specgraft.models.resolve.ModelLoadError` naming it.
     """
-    import torch
     from transformers import AutoConfig
 
+    from specgraft.models.fusion import fuse_by_default
     from specgraft.models.hf import load_causal_lm, parse_dtype, release_freed_memory
     from specgraft.models.kernels import use_onednn_linears
     from specgraft.models.quant import INT8_QUANTS, draft_load_dtype, quantize_int8_dynamic, resolve_draft_quant
@@ -64,7 +64,7 @@ def load_draft_model(
         AutoConfig.from_pretrained(path)  # cheap: "not a model" before the tokenizer check says something vaguer
     if target_tokenizer is not None:
         check_same_vocabulary(name, path, target_tokenizer)
-    fuse = torch.device(device).type == "cpu" if fuse is None else fuse
+    fuse = fuse_by_default(fuse, device)  # before int8 quantization, whatever fast_kernels below
     key = (str(path), str(resolved), quant, str(device), fuse)
     model = _loaded_models.get(key)
     if model is None:
