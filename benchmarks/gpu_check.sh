@@ -11,17 +11,19 @@
 #   4. (stage `attention`) the CPU's packed grouped-query attention against `sdpa` on the GPU:
 #      forwards of the random 1.5B and 0.5B over 1-64 rows (measure_packed_attention.py);
 #   5. (stage `fusion`) q/k/v and gate/up fused against the plain layout, bf16 forwards of the
-#      same models (measure_fusion.py; CPU loaders fuse, GPU loaders do not until this says).
+#      same models (measure_fusion.py; loaders fuse on CPU and GPU since the H100 run said so);
+#   6. (stage `graphs`) CUDA graphs of the forwards against eager ones: ar and draft-tree on one
+#      prompt, HF generate beside them, batched ar steps (measure_cuda_graphs.py).
 #
 # Usage on the device (configs: folders with config.json + tokenizer files, carried along):
-#   OUT=/some/dir CONFIGS=.gpu/configs [STAGES=tests,profile,bench,serve,attention,fusion] bash benchmarks/gpu_check.sh
+#   OUT=/some/dir CONFIGS=.gpu/configs [STAGES=tests,profile,bench,serve,attention,fusion,graphs] bash benchmarks/gpu_check.sh
 set -u
 OUT=${OUT:?set OUT}
 CONFIGS=${CONFIGS:-.gpu/configs}
 DEVICE=${DEVICE:-cuda}
 WORK=${WORK:-/tmp/specgraft-gpu}
 T=${STAGE_SCALE:-1}            # scales every stage's limit (e.g. 0.5 for a dry run)
-STAGES=${STAGES:-tests,profile,bench,serve,attention,fusion}
+STAGES=${STAGES:-tests,profile,bench,serve,attention,fusion,graphs}
 export SPECGRAFT_CACHE=$WORK/cache PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=${PY:-python3}
@@ -48,7 +50,7 @@ cat "$RES/machine.txt"
 want tests && stage cuda-tests 150 $PY -m pytest -m cuda tests/test_cuda.py -p no:cacheprovider -p no:warnings -q
 
 MODELS=$(ls "$CONFIGS")
-want profile || want bench || want serve || want attention || want fusion && stage random-models 90 $PY benchmarks/random_models.py $(for m in $MODELS; do echo "$CONFIGS/$m"; done) --out "$WORK/models"
+want profile || want bench || want serve || want attention || want fusion || want graphs && stage random-models 90 $PY benchmarks/random_models.py $(for m in $MODELS; do echo "$CONFIGS/$m"; done) --out "$WORK/models"
 want profile && for m in $MODELS; do
     stage "profile-$m" 45 $PY -m specgraft.cli profile --model "$WORK/models/$m" --device "$DEVICE" --dtype bfloat16 \
         ${PROFILE_ARGS:---batch-sizes 1,2,4,8,16,32 --rows 1,2,4,8,16,32,64 --reps 5}
@@ -66,5 +68,7 @@ if [ -d "$TARGET" ] && [ -d "$DRAFT" ]; then
         --forwards --per-task 0 --context ${ATTENTION_CONTEXT:-512} --model "$TARGET" --draft-model "$DRAFT" --out "$RES/attention.json"
     want fusion && stage fusion 90 $PY benchmarks/measure_fusion.py --device "$DEVICE" --context ${ATTENTION_CONTEXT:-512} \
         --repeats 20 --model "$TARGET" --draft-model "$DRAFT" --out "$RES/fusion.json"
+    want graphs && stage graphs 170 $PY benchmarks/measure_cuda_graphs.py --model "$TARGET" --draft-model "$DRAFT" \
+        --tokens 64 --repeats 3 --out "$RES/cuda-graphs.json"
 fi
 ls -la "$OUT"   # one archive: $OUT brings back at most 8 files

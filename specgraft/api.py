@@ -336,7 +336,7 @@ class SpecDecoder:
     def resolved_config(self, config: GenerationConfig) -> dict[str, Any]:
         """What a run prints and records: method, generation config (budget resolved), options,
         dtypes, threads, attention implementations (``specgraft_sdpa``: ``models/attention.py``),
-        fused projection groups (``models/fusion.py``; 0 = the plain layout)."""
+        fused projection groups (``models/fusion.py``; 0 = the plain layout), CUDA graphs."""
         out = {
             "method": self.method,
             "generation": self.resolve(config).to_dict(),
@@ -347,6 +347,8 @@ class SpecDecoder:
             "small_input_rows": self.small_input_rows,
             "attention": getattr(self.model.config, "_attn_implementation", None),
             "fused_projections": fused_groups(self.model),
+            # forwards replayed as CUDA graphs (``models/graphs.py``; on by default on a GPU)
+            "cuda_graphs": bool(getattr(getattr(self.target, "graphs", None), "capture", False)),
         }
         if self.spec.needs_draft_model:
             out["draft_model"] = {

@@ -204,6 +204,78 @@ class SpecEngine:
         prefill on this CPU), so such a sequence costs what plain decoding costs. It can still
         draft later, from what its drafters learn from then on. The output never depends on it.
         """
+        seq, request = self._open(prompt, config, speculative)
+        try:
+            if fuse_prefill and request == PrefillRequest() and len(prompt) - 1 <= self.fuse_prefill_max:
+                seq.unfilled, prefill = list(prompt[:-1]), PrefillOutput()
+            else:
+                prefill = self.target.prefill(seq.slot, list(prompt[:-1]), request)
+            self._begin(seq, prompt, prefill, speculative)
+        except BaseException:
+            self.finish(seq)
+            raise
+        return seq
+
+    def start_many(
+        self, starts: Sequence[tuple[Sequence[int], GenerationConfig, bool]]
+    ) -> list[SequenceState | ValueError | RuntimeError]:
+        """:meth:`start` (``fuse_prefill=False``) for several ``(prompt, config, speculative)``,
+        as a batch admits them; returns each one's sequence, or the ``ValueError`` /
+        ``RuntimeError`` that refused it (a bad prompt, no memory for the cache).
+
+        When the target prefills batches (:attr:`HFTarget.batched_prefill <specgraft.models.hf.HFTarget>`,
+        on a GPU) the prompts whose drafters ask nothing of the prefill go through one forward
+        (``prefill_batch``) instead of one each: on a GPU a forward costs about the same for one
+        prompt as for sixteen (launch-bound), so a batch admitting 16 requests waits for one
+        prefill, not 16. The cache rows are the same prompts' rows computed in another batch
+        shape (as batched decoding steps are). Otherwise each prompt is prefilled on its own.
+
+        Example::
+
+            a, b = engine.start_many([([5, 6, 7], GenerationConfig(), True), ([8, 9], GenerationConfig(), True)])
+            engine.step_batch([a, b])   # both prompts in the cache after one prefill forward (GPU)
+        """
+        out: list[SequenceState | ValueError | RuntimeError | None] = [None] * len(starts)
+        opened: list[tuple[int, SequenceState, PrefillRequest]] = []
+        try:
+            for i, (prompt, config, speculative) in enumerate(starts):
+                try:
+                    opened.append((i, *self._open(prompt, config, speculative)))
+                except (ValueError, RuntimeError) as e:
+                    out[i] = e
+            together = [
+                (i, seq) for i, seq, request in opened if request == PrefillRequest() and len(starts[i][0]) > 1
+            ] if getattr(self.target, "batched_prefill", False) else []
+            if len(together) > 1:
+                try:
+                    self.target.prefill_batch([seq.slot for _, seq in together], [list(starts[i][0][:-1]) for i, _ in together])
+                except (ValueError, RuntimeError) as e:  # e.g. out of memory: none of them starts
+                    for i, seq in together:
+                        self.finish(seq)
+                        out[i] = e
+                    opened = [o for o in opened if out[o[0]] is None]
+            else:
+                together = []
+            filled = {i for i, _ in together}
+            for i, seq, request in opened:
+                prompt, _, speculative = starts[i]
+                try:
+                    prefill = PrefillOutput() if i in filled else self.target.prefill(seq.slot, list(prompt[:-1]), request)
+                    self._begin(seq, prompt, prefill, speculative)
+                except (ValueError, RuntimeError) as e:
+                    self.finish(seq)
+                    out[i] = e
+                else:
+                    out[i] = seq
+        except BaseException:
+            for i, seq, _ in opened:
+                self.finish(seq)
+            raise
+        return out  # type: ignore[return-value]
+
+    def _open(self, prompt: Sequence[int], config: GenerationConfig, speculative: bool) -> tuple[SequenceState, PrefillRequest]:
+        """A new sequence in a new slot, room reserved, not prefilled; and what its prefill
+        must return (the drafters' requests; the optional ones only when ``speculative``)."""
         self.check_prompt(prompt)
         config = config.with_default_budget(self.default_budget)
         generator = None
@@ -227,23 +299,22 @@ class SpecEngine:
         self.last_stats = seq.stats
         try:
             self.target.reserve(min(len(prompt) + config.max_new_tokens + config.budget + 1, self.target.max_positions))
-            required, optional = self._prefill_requests()
-            request = required.union(optional) if speculative else required
-            if fuse_prefill and request == PrefillRequest() and len(prompt) - 1 <= self.fuse_prefill_max:
-                seq.unfilled, prefill = list(prompt[:-1]), PrefillOutput()
-            else:
-                prefill = self.target.prefill(seq.slot, list(prompt[:-1]), request)
-            if speculative and self.optional_prefill:
-                seq.optional_prefill = (len(prompt) - 1, prefill.topk_s)
-            for d in self.drafters:
-                seq.drafter_states.append(d.begin(prompt, prefill, config))
         except BaseException:
             self.finish(seq)
             raise
+        required, optional = self._prefill_requests()
+        return seq, (required.union(optional) if speculative else required)
+
+    def _begin(self, seq: SequenceState, prompt: Sequence[int], prefill: PrefillOutput, speculative: bool) -> None:
+        """After the prefill: the drafters' states, the prefill's time, done when nothing is to
+        be generated."""
+        if speculative and self.optional_prefill:
+            seq.optional_prefill = (len(prompt) - 1, prefill.topk_s)
+        for d in self.drafters:
+            seq.drafter_states.append(d.begin(prompt, prefill, seq.config))
         seq.stats.prefill_s = self._now() - seq.started
-        if config.max_new_tokens == 0:
+        if seq.config.max_new_tokens == 0:
             seq.done, seq.finish_reason = True, "length"
-        return seq
 
     def step(self, seq: SequenceState) -> list[int]:
         """One speculative step; returns the tokens it emits (cut at EOS and ``max_new_tokens``)."""

@@ -100,7 +100,8 @@ def test_generate_draft_tree(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir
     # --draft-quant auto: int8 on CPU, bf16 on a GPU
     cpu = torch.device(config["device"]).type == "cpu"
     expected_numerics = "int8" if cpu else "bfloat16"
-    assert (config["draft_model"].pop("fused_projections") > 0) == cpu and (config["fused_projections"] > 0) == cpu
+    assert config["draft_model"].pop("fused_projections") > 0 and config["fused_projections"] > 0  # fused on CPU and GPU
+    assert config["cuda_graphs"] == (not cpu)  # forwards replayed as CUDA graphs on a GPU only
     assert config["draft_model"] == {
         "name_or_path": tiny_draft_dir, "dtype": "float32", "numerics": expected_numerics, "attention": "specgraft_sdpa" if cpu else "sdpa"
     }

@@ -106,14 +106,14 @@ def test_a_batch_prefills_apart():
     model = tiny_llama()
     engine = engines(model)["pld"]
     started = []
-    plain_start = engine.start
+    plain_start_many = engine.start_many
 
-    def start(*args, **kw):
-        seq = plain_start(*args, **kw)
-        started.append((list(seq.unfilled), engine.target.length(seq.slot)))
-        return seq
+    def start_many(*args, **kw):
+        seqs = plain_start_many(*args, **kw)
+        started.extend((list(seq.unfilled), engine.target.length(seq.slot)) for seq in seqs)
+        return seqs
 
-    engine.start = start
+    engine.start_many = start_many
     batch = BatchEngine(engine, max_batch=2)
     batch.submit([5, 6, 7, 5, 6, 7], GenerationConfig(max_new_tokens=4))
     batch.submit([9, 8, 7], GenerationConfig(max_new_tokens=4))

@@ -274,29 +274,39 @@ class BatchEngine:
             self._waiting = kept
         for rid in cancelled & set(self.running):
             events.append(self._retire(rid, []))
+        # who joins now, and whether each starts speculatively; on a target that prefills
+        # batches (a GPU) and with no optional prefill work to weigh one start at a time
+        # (``_speculative_start`` learns its cost from the starts before), they start together
+        together = getattr(self.engine.target, "batched_prefill", False) and not self.engine.optional_prefill
         while len(self.running) < self.max_batch:
-            with self._lock:
-                if not self._waiting:
+            joining: list[tuple[_Request, bool, bool]] = []
+            while len(self.running) + len(joining) < self.max_batch:
+                with self._lock:
+                    if not self._waiting:
+                        break
+                    request = self._waiting.popleft()
+                # the batch size it will decode in: a sequence expected to decode plainly starts
+                # without its drafters' optional prefill work
+                size = min(self.max_batch, len(self.running) + len(joining) + 1 + len(self._waiting))
+                joining.append((request, *self._speculative_start(request, size)))
+                if not together:
                     break
-                request = self._waiting.popleft()
-            # the batch size it will decode in: a sequence expected to decode plainly starts
-            # without its drafters' optional prefill work
-            size = min(self.max_batch, len(self.running) + 1 + len(self._waiting))
-            speculative, repays = self._speculative_start(request, size)
-            try:
-                seq = self.engine.start(request.prompt, request.config, speculative=speculative, fuse_prefill=False)
-            except (ValueError, RuntimeError) as e:  # e.g. out of memory for the cache
-                events.append(BatchEvent(request.request_id, [], finished=True, finish_reason="error", error=str(e)))
-                continue
-            seq.plain_only = not repays
-            if seq.optional_prefill[0]:
-                self.policy.observe_optional_prefill(*seq.optional_prefill)
-            elif self.engine.optional_prefill:
-                self.stats.plain_starts += 1
-            self.stats.requests_started += 1
-            self.running[request.request_id] = seq
-            if seq.done:  # max_new_tokens == 0
-                events.append(self._retire(request.request_id, []))
+            if not joining:
+                break
+            started = self.engine.start_many([(r.prompt, r.config, speculative) for r, speculative, _ in joining])
+            for (request, _, repays), seq in zip(joining, started):
+                if not isinstance(seq, SequenceState):  # e.g. out of memory for the cache
+                    events.append(BatchEvent(request.request_id, [], finished=True, finish_reason="error", error=str(seq)))
+                    continue
+                seq.plain_only = not repays
+                if seq.optional_prefill[0]:
+                    self.policy.observe_optional_prefill(*seq.optional_prefill)
+                elif self.engine.optional_prefill:
+                    self.stats.plain_starts += 1
+                self.stats.requests_started += 1
+                self.running[request.request_id] = seq
+                if seq.done:  # max_new_tokens == 0
+                    events.append(self._retire(request.request_id, []))
         return events
 
     def _speculative_start(self, request: _Request, size: int) -> tuple[bool, bool]:

@@ -162,6 +162,9 @@ class SlotCache(Cache):
         self.pending = [0] * num_slots
         self.free = list(range(num_slots - 1, -1, -1))
         self.write: Write | None = None
+        # bumped whenever the buffers are reallocated (more slots or rows): whatever holds their
+        # addresses (a captured CUDA graph, ``models/graphs.py``) must not use the old ones
+        self.version = 0
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
 
     # -- slots ---------------------------------------------------------------------------
@@ -196,6 +199,7 @@ class SlotCache(Cache):
         self.pending += [0] * added
         self.free = list(range(num_slots - 1, self.num_slots - 1, -1)) + self.free
         self.num_slots, self.capacity = num_slots, capacity
+        self.version += 1
 
     def _check(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots or slot in self.free:

@@ -34,6 +34,9 @@ class TargetModel(Protocol):
     def prefill(self, slot: int, tokens: Sequence[int], request: PrefillRequest = PrefillRequest()) -> PrefillOutput:
         """Commit ``tokens`` to ``slot`` (causal attention); return what ``request`` asks for."""
 
+    # optional: ``batched_prefill`` (bool) and ``prefill_batch(slots, token_lists)``, several
+    # prompts prefilled in one forward (``SpecEngine.start_many`` uses them when present)
+
     def forward_rows(
         self,
         slot: int,

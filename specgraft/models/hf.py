@@ -41,6 +41,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from specgraft.cache.slots import SlotCache
 from specgraft.models.attention import PACKED_SDPA, attention_implementation
 from specgraft.models.fusion import fuse_by_default, fuse_projections
+from specgraft.models.graphs import DecoderGraphs, graphs_by_default
 from specgraft.models.kernels import auto_dtype, use_onednn_linears
 from specgraft.tree.layout import depth_from_mask, pending_ancestors
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
@@ -111,7 +112,7 @@ def load_causal_lm(
     """``AutoModelForCausalLM.from_pretrained`` straight onto ``device`` (``device_map``), with the
     ``sdpa`` attention the tree mask needs (on CPU its GQA packed rather than copied,
     ``models/attention.py``), + the q/k/v and gate/up projections fused (``models/fusion.py``;
-    ``fuse``: default ``fast_kernels`` on CPU, off on a GPU, where it is unmeasured) and, on CPU,
+    ``fuse``: default ``fast_kernels``, on any device) and, on CPU,
     oneDNN linears (``models/kernels.py``)."""
     device = torch.device(device)
     model = AutoModelForCausalLM.from_pretrained(
@@ -196,7 +197,7 @@ class HFTarget:
     :meth:`reserve` with a generation's whole length to allocate once.
     """
 
-    def __init__(self, model: PreTrainedModel, prefill_chunk: int = 512, capacity: int = 256):
+    def __init__(self, model: PreTrainedModel, prefill_chunk: int = 512, capacity: int = 256, cuda_graphs: bool | None = None):
         check_tree_attention(model)
         self.model = model.eval()
         self.config = model.config.get_text_config(decoder=True)
@@ -214,6 +215,15 @@ class HFTarget:
         self._ancestors: dict[int, torch.Tensor] = {}
         # one-row-per-slot forwards build their inputs at once (:meth:`_plain_inputs`)
         self.plain_fast_path = True
+        # forwards replayed as CUDA graphs (``models/graphs.py``); None = eager. ``cuda_graphs``
+        # None: on a CUDA device unless SPECGRAFT_CUDA_GRAPHS=0
+        self.graphs: DecoderGraphs | None = None
+        # several prompts prefilled in one forward (:meth:`prefill_batch`, ``SpecEngine.start_many``):
+        # on a GPU a forward is launch-bound, so 16 prompts cost about what one does; on a CPU a
+        # forward is compute-bound and padding to the longest prompt would only add work
+        self.batched_prefill = self.device.type != "cpu"
+        if graphs_by_default(self.device) if cuda_graphs is None else cuda_graphs:
+            self.graphs = DecoderGraphs(self._decode, self.cache, capture=self.device.type == "cuda")
 
     @classmethod
     def from_pretrained(
@@ -336,6 +346,51 @@ class HFTarget:
             topk_s=topk_s,
         )
 
+    @torch.inference_mode()
+    def prefill_batch(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None:
+        """:meth:`prefill` of each ``token_lists[b]`` into ``slots[b]`` (distinct; nothing asked of
+        the prefill but the cache), all in one forward per chunk of :attr:`prefill_chunk` rows a
+        slot, each slot's rows padded to the longest.
+
+        Row ``i`` of slot ``b`` sees its committed prefix and its own rows up to ``i`` (causal),
+        at position ``length + i``; padding rows are written past the slot's rows and never
+        committed, so nothing sees them. Everything is checked before any state changes.
+
+        Example: prompts of 3 and 5 tokens in fresh slots: one forward of ``[2, 5]`` rows, then
+        slot 0 holds 3 committed rows and slot 1 holds 5, as two :meth:`prefill` calls leave them.
+        """
+        slots = [int(s) for s in slots]
+        if len(token_lists) != len(slots) or len(set(slots)) != len(slots):
+            raise ValueError(f"prefill_batch needs distinct slots, one token list each: {slots}, {len(token_lists)} lists")
+        for slot, tokens in zip(slots, token_lists):
+            self.cache._check(slot)
+            if self.cache.pending[slot]:
+                raise ValueError(f"slot {slot} has {self.cache.pending[slot]} pending rows; commit or discard them before prefilling")
+            self._check_tokens(tokens)
+            if self.length(slot) + len(tokens) > self.max_positions:
+                raise ValueError(f"{self.length(slot) + len(tokens)} tokens exceed the context window of {self.max_positions}")
+        longest = max((len(t) for t in token_lists), default=0)
+        for start in range(0, longest, self.prefill_chunk):
+            part = [(s, list(t[start : start + self.prefill_chunk])) for s, t in zip(slots, token_lists) if len(t) > start]
+            chunk_slots = [s for s, _ in part]
+            counts = [len(c) for _, c in part]
+            n = max(counts)
+            lengths = [self.length(s) for s in chunk_slots]
+            write = self.cache.set_write(chunk_slots, n)
+            # [B, n] ids (padding 0) and positions; [B, 1, n, kv_len] mask: column j visible to
+            # row i of slot b when j <= length_b + i (its prefix, then causal)
+            ids = torch.tensor([c + [0] * (n - len(c)) for _, c in part], dtype=torch.long, device=self.device)
+            first = torch.tensor(lengths, dtype=torch.long, device=self.device)[:, None]
+            positions = first + torch.arange(n, device=self.device)[None]
+            visible = torch.arange(write.kv_len, device=self.device)[None, None, :] <= positions[:, :, None]
+            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, torch.finfo(self.dtype).min)
+            try:
+                self._decode(chunk_slots, ids, positions, mask[:, None])
+            finally:
+                self.cache.end_write(counts)
+            for slot, count in zip(chunk_slots, counts):
+                self.cache.commit(slot, range(count))
+
     def forward_rows(
         self,
         slot: int,
@@ -408,9 +463,13 @@ class HFTarget:
             ids, positions, masks = self._plain_inputs(slots, toks)
         else:
             ids, positions, masks = self._tree_inputs(slots, toks, pars, counts)
-        self.cache.set_write(slots, n_max)
+        write = self.cache.set_write(slots, n_max)
+        layer = hidden_layer if output_hidden else None
         try:
-            final, hidden = self._decode(slots, ids, positions, masks, hidden_layer if output_hidden else None)
+            if self.graphs is not None:
+                final, hidden = self.graphs.run(write, ids, positions, masks, layer)
+            else:
+                final, hidden = self._decode(slots, ids, positions, masks, layer)
         finally:
             self.cache.end_write(counts)
         if not any(starts):

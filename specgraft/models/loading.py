@@ -41,7 +41,7 @@ def load_draft_model(
     linears, quantizes them, then applies the oneDNN swap to whatever stayed fp32 (nothing in
     the catalog models), so quantized linears are never repacked in fp32. The q/k/v and gate/up
     projections are fused first (``models/fusion.py``; int8 outputs bit-identical to the unfused
-    ones): ``fuse`` None fuses on CPU only, True or False decide on any device.
+    ones): ``fuse`` None fuses (any device), True or False decide.
 
     With ``target_tokenizer``, the draft model's tokenizer must have the same vocabulary
     (``ValueError`` otherwise): equal vocabulary sizes alone would let two tokenizers that
