@@ -175,6 +175,53 @@ def test_plain_rows_fast_path_equals_the_general_path(tiny_model):
             assert a == b
 
 
+def test_batch_tree_inputs_equal_the_slot_by_slot_inputs(tiny_model):
+    """Tree forwards of slots with equal pending rows build their inputs for the whole batch
+    (``HFTarget._batch_tree_inputs``): the same ids, positions and masks, bit for bit, as the
+    slot-by-slot build, the same ancestor sets afterwards, hence the same logits and hidden
+    states; over slots in any order at different lengths, rows of different counts (padding),
+    a second forward on top of pending rows (P > 0), then commits of different chains."""
+    import random
+
+    rng = random.Random(3)
+    prompts = [[5 + (7 * i + j) % 90 for i in range(6 + 3 * j)] for j in range(4)]
+    runs = {}
+    for batched in (True, False):
+        target = HFTarget(tiny_model)
+        target.batched_tree_inputs = batched
+        built = []
+        for name in ("_batch_tree_inputs", "_tree_inputs"):
+            original = getattr(target, name)
+            setattr(target, name, lambda *a, _f=original, _n=name: built.append((_n, *(t.clone() for t in _f(*a)))) or built[-1][1:])
+        slots = [target.allocate() for _ in prompts]
+        for slot, prompt in zip(slots, prompts):
+            target.prefill(slot, prompt)
+        batch = [slots[2], slots[0], slots[3], slots[1]]
+        rng.seed(3)
+        outs, expected = [], []
+        for r in range(3):
+            counts = [rng.randint(1, 6) for _ in batch] if r != 1 else [4] * len(batch)
+            # the second forward finds equal pending rows (P > 0) only where the counts are equal
+            expected += ["_batch_tree_inputs", "_batch_tree_inputs" if len(set(counts)) == 1 else "_tree_inputs"]
+            parents = [[-1] + [rng.randrange(i + 1) for i in range(c - 1)] for c in counts]
+            tokens = [[rng.randrange(3, 90) for _ in range(c)] for c in counts]
+            outs += target.forward_batch(batch, tokens, parents, output_hidden=True, hidden_layer=1)
+            # P > 0: one more row under each slot's pending row 0, then keep a chain per slot
+            outs += target.forward_batch(batch, [[rng.randrange(3, 90)] for _ in batch], [[0]] * 4)
+            for s, c in zip(batch, counts):
+                target.commit(s, [0, c])  # the root, then the row hung from it
+        if batched:
+            assert [b[0] for b in built] == expected and expected.count("_batch_tree_inputs") >= 4
+        runs[batched] = (built, outs, {s: target._ancestors[s].clone() for s in batch}, [target.length(s) for s in batch])
+    (built_a, outs_a, anc_a, len_a), (built_b, outs_b, anc_b, len_b) = runs[True], runs[False]
+    assert len_a == len_b
+    for (_, *x), (_, *y) in zip(built_a, built_b, strict=True):
+        assert all(torch.equal(u, v) for u, v in zip(x, y, strict=True))
+    for x, y in zip(outs_a, outs_b, strict=True):
+        assert torch.equal(x.logits, y.logits) and (x.hidden is None or torch.equal(x.hidden, y.hidden))
+    assert all(torch.equal(anc_a[s], anc_b[s]) for s in anc_a)
+
+
 def test_slots_grow_and_are_reused(tiny_model):
     """Room grows by doubling, slots by doubling; a released slot is reused and starts empty."""
     target = HFTarget(tiny_model, capacity=4)

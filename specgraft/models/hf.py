@@ -213,8 +213,10 @@ class HFTarget:
         self.cache = SlotCache(self.config.num_hidden_layers, capacity)
         # slot -> [P, P] bool: which pending rows each pending row sees (ancestors and itself)
         self._ancestors: dict[int, torch.Tensor] = {}
-        # one-row-per-slot forwards build their inputs at once (:meth:`_plain_inputs`)
+        # one-row-per-slot forwards build their inputs at once (:meth:`_plain_inputs`), and so do
+        # tree forwards of slots with equally many pending rows (:meth:`_batch_tree_inputs`)
         self.plain_fast_path = True
+        self.batched_tree_inputs = True
         # forwards replayed as CUDA graphs (``models/graphs.py``); None = eager. ``cuda_graphs``
         # None: on a CUDA device unless SPECGRAFT_CUDA_GRAPHS=0
         self.graphs: DecoderGraphs | None = None
@@ -461,6 +463,8 @@ class HFTarget:
             return [RowsOutput(torch.empty(0, self.vocab_size, device=dev)) for _ in slots]
         if self.plain_fast_path and n_max == 1 and min(counts) == 1 and not any(self.cache.pending[s] for s in slots):
             ids, positions, masks = self._plain_inputs(slots, toks)
+        elif self.batched_tree_inputs and len(slots) > 1 and len({self.cache.pending[s] for s in slots}) == 1:
+            ids, positions, masks = self._batch_tree_inputs(slots, toks, pars, counts)
         else:
             ids, positions, masks = self._tree_inputs(slots, toks, pars, counts)
         write = self.cache.set_write(slots, n_max)
@@ -511,6 +515,46 @@ class HFTarget:
             old = self._ancestors[slot]
             self._ancestors[slot] = torch.cat([torch.cat([old, seen_sets[b].new_zeros(pend, n)], dim=1), seen_sets[b]], dim=0)
         return torch.stack(ids), torch.stack(positions), torch.stack(masks)[:, None]
+
+    def _batch_tree_inputs(
+        self, slots: Sequence[int], toks: list[torch.Tensor], pars: list[torch.Tensor], counts: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_tree_inputs` for slots that all hold ``P`` pending rows (a batch's verify pass:
+        none; a draft model's batch drafting one depth after another: as many), built for all
+        slots at once: one batched :func:`pending_ancestors` and a few whole-batch ops instead of
+        a dozen small ops a slot, which on a GPU cost more than the forward they feed once it is
+        replayed as a CUDA graph (a tree step at 16 sequences cost twice a plain one). The same
+        tensors; ``batched_tree_inputs = False`` takes the slot-by-slot path (the twin the tests
+        compare with).
+
+        Each slot's rows are padded to ``n = max(counts)`` with parent -1: a padding row sees
+        only itself (at column ``length + P + i``, as in :meth:`_tree_inputs`) and no real row
+        sees it, so slot ``b``'s real rows get exactly its own ancestor sets.
+        """
+        dev, n = self.device, max(counts)
+        p = self.cache.pending[slots[0]]
+        b = len(slots)
+        committed = [self.length(s) for s in slots]
+        kv_len = max(committed) + p + n
+        # [B, n] ids and parents, padded (token 0, parent -1)
+        ids = torch.nn.utils.rnn.pad_sequence(toks, batch_first=True, padding_value=0)
+        parents = torch.nn.utils.rnn.pad_sequence(pars, batch_first=True, padding_value=-1)
+        # [B, P, P] -> [B, n, P + n] pending rows each new row sees
+        old = torch.stack([self._ancestors[s] for s in slots])
+        seen = pending_ancestors(old, parents)
+        lengths = torch.tensor(committed, device=dev)[:, None]
+        positions = lengths + depth_from_mask(seen)  # a padding row: depth 0, at the slot's length
+        # [B, n, kv_len]: real rows see the committed prefix, every row its pending ancestors
+        real = torch.arange(n, device=dev)[None, :] < torch.tensor(counts, device=dev)[:, None]
+        visible = (torch.arange(kv_len, device=dev)[None, None, :] < lengths[:, :, None]) & real[:, :, None]
+        columns = (lengths + torch.arange(p + n, device=dev)[None]).unsqueeze(1).expand(b, n, p + n)
+        visible.scatter_(2, columns, seen)
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=dev).masked_fill_(~visible, torch.finfo(self.dtype).min)
+        # [B, P + n, P + n] closed relation after this forward; slot b keeps its real rows' corner
+        closed = torch.cat([torch.cat([old, old.new_zeros(b, p, n)], dim=2), seen], dim=1)
+        for i, slot in enumerate(slots):
+            self._ancestors[slot] = closed[i, : p + counts[i], : p + counts[i]]
+        return ids, positions, mask[:, None]
 
     def _plain_inputs(self, slots: Sequence[int], toks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`_tree_inputs` when every slot feeds one row with nothing pending (plain batched

@@ -11,7 +11,7 @@ children)::
     >>> lay = tree_layout([-1, -1, 0, 0])
     >>> lay.depth.tolist()          # of rows: root, n0, n1, n2, n3
     [0, 1, 1, 2, 2]
-    >>> lay.ancestor_mask.int().tolist()
+    >>> lay.ancestor_mask.int().tolist()  # doctest: +NORMALIZE_WHITESPACE
     [[1, 0, 0, 0, 0],
      [1, 1, 0, 0, 0],
      [1, 0, 1, 0, 0],
@@ -67,21 +67,33 @@ def pending_ancestors(old: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     (``ceil(log2 n) + 1`` boolean products), so no host sync is needed. A verify pass is the
     case ``P = 0`` with the root's parent -1 and node ``i``'s ``parents[i] + 1``:
 
-    >>> pending_ancestors(torch.zeros(0, 0, dtype=torch.bool), torch.tensor([-1, 0, 0, 1, 1])).int().tolist() == \
-    ...     tree_layout([-1, -1, 0, 0]).ancestor_mask.int().tolist()
+    >>> seen = pending_ancestors(torch.zeros(0, 0, dtype=torch.bool), torch.tensor([-1, 0, 0, 1, 1]))
+    >>> seen.int().tolist() == tree_layout([-1, -1, 0, 0]).ancestor_mask.int().tolist()
     True
     >>> pending_ancestors(torch.ones(1, 1, dtype=torch.bool), torch.tensor([0, 1, -1])).int().tolist()
     [[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 1]]
+
+    Batched: ``old`` ``[B, P, P]`` and ``parents`` ``[B, n]`` (the same ``P`` for every member)
+    give ``[B, n, P + n]``, member ``b`` what ``pending_ancestors(old[b], parents[b])`` gives, in
+    the same number of operations as one (a batch's tree inputs, ``HFTarget._tree_inputs``). A
+    member with fewer rows pads its parents with -1: a padding row sees only itself, and no real
+    row sees it.
+
+    >>> pending_ancestors(torch.zeros(2, 0, 0, dtype=torch.bool), torch.tensor([[-1, 0], [-1, -1]])).int().tolist()
+    [[[1, 0], [1, 1]], [[1, 0], [0, 1]]]
     """
-    p, n = old.shape[0], parents.shape[0]
+    if old.dim() == 2:
+        return pending_ancestors(old[None], parents[None])[0]
+    b, p, n = old.shape[0], old.shape[1], parents.shape[-1]
     total = p + n
-    # [T, T] reflexive relation: old rows closed, new rows link to self and parent
-    rel = torch.zeros(total, total, dtype=torch.float32, device=old.device)
-    rel[:p, :p] = old.float()
+    # [B, T, T] reflexive relation: old rows closed, new rows link to self and parent
+    rel = torch.zeros(b, total, total, dtype=torch.float32, device=old.device)
+    rel[:, :p, :p] = old.float()
     new = torch.arange(p, total, device=old.device)
-    rel[new, new] = 1.0
+    rel[:, new, new] = 1.0
     # a row without a parent links to itself again (no boolean-mask indexing: that would sync)
-    rel[new, torch.where(parents >= 0, parents, new)] = 1.0
+    members = torch.arange(b, device=old.device)[:, None]
+    rel[members, new[None], torch.where(parents >= 0, parents, new[None])] = 1.0
     for _ in range(math.ceil(math.log2(n)) + 1 if n > 1 else 1):
-        rel[p:] = ((rel[p:] @ rel) > 0).float()
-    return rel[p:] > 0
+        rel[:, p:] = ((rel[:, p:] @ rel) > 0).float()
+    return rel[:, p:] > 0
