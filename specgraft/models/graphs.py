@@ -32,8 +32,14 @@ different offsets (:class:`~specgraft.cache.slots.Write` with ``row_index`` give
 Numerics: a replay runs the warm-up's kernels on the same shapes, so it computes what the
 eager forward over the bucket computes; against the eager forward over ``kv_len`` only the
 attention's reduction length differs (masked columns add exact zeros; the kernel may block
-the sum differently), as with any change of padding. The guarantee stays fp32's: greedy
-outputs with graphs equal plain decoding with graphs (``tests/test_cuda.py``).
+the sum differently), as with any change of padding. The guarantee stays fp32's: in fp32
+greedy outputs with graphs equal those without and Hugging Face's plain greedy decoding
+(``tests/test_cuda.py``, passed on an H100).
+
+Measured on an H100 (bf16, random weights of the 1.5B / 0.5B shapes; ``benchmarks/measure_cuda_graphs.py``,
+RESULTS *On a GPU, third time*): ``ar`` 22.6 -> 4.8 ms a token (Hugging Face's ``generate``
+20.9), ``draft-tree`` 50.1 -> 9.2 ms a token, a batched ``ar`` step at 16 sequences 31.9 ->
+8.7 ms; the 1.5B's forward 5.3 ms for 1 row, 7.1 for 64.
 
 **Plain twin.** ``capture=False`` does all of the above but capture: a "replay" runs the eager
 forward on the static tensors. It runs on any device; ``tests/test_graphs.py`` compares it with
@@ -44,10 +50,10 @@ Example (on a GPU; ``HFTarget`` builds this itself, see ``HFTarget.graphs``)::
     target = HFTarget(model)                  # model on cuda: target.graphs is a DecoderGraphs
     target.forward_rows(slot, [t], [-1])      # key (slot,), 1 row, bucket 256: eager, seen once
     target.commit(slot, [0])
-    target.forward_rows(slot, [u], [-1])      # seen twice: warm-up + capture
+    target.forward_rows(slot, [u], [-1])      # seen twice: eager warm-up (this call's result) + capture
     target.commit(slot, [0])
     target.forward_rows(slot, [v], [-1])      # replay
-    target.graphs.stats                       # GraphStats(eager=2, captured=1, replayed=1, dropped=0)
+    target.graphs.stats                       # GraphStats(eager=1, captured=1, replayed=1, dropped=0)
 """
 
 from __future__ import annotations
@@ -218,8 +224,7 @@ class DecoderGraphs:
         g.mask[..., :kv_len].copy_(mask)
         if kv_len < g.mask.shape[-1]:
             g.mask[..., kv_len:].fill_(torch.finfo(g.mask.dtype).min)
-        rows = torch.tensor([[o + j for j in range(n)] for o in write.offsets], dtype=torch.long)
-        g.row_index.copy_(rows, non_blocking=True)
+        g.row_index.copy_(torch.tensor([[o + j for j in range(n)] for o in write.offsets], dtype=torch.long))
 
     def _point(self, write: Write, g: _Graph, bucket: int) -> None:
         """Make the cache's write read the static tensors and attend over the bucket."""
