@@ -25,6 +25,7 @@ from specgraft.engine import SpecEngine
 from specgraft.methods import GRAFT_METHODS, MethodOptions, get_method, method_budget
 from specgraft.methods.graft import check_calibration_budget
 from specgraft.models.fusion import fused_groups
+from specgraft.models.graphs import replays_graphs
 from specgraft.models.hf import HFTarget, load_causal_lm, parse_dtype, resolve_device
 from specgraft.models.loading import load_draft_model
 from specgraft.models.quant import draft_numerics
@@ -348,7 +349,7 @@ class SpecDecoder:
             "attention": getattr(self.model.config, "_attn_implementation", None),
             "fused_projections": fused_groups(self.model),
             # forwards replayed as CUDA graphs (``models/graphs.py``; on by default on a GPU)
-            "cuda_graphs": bool(getattr(getattr(self.target, "graphs", None), "capture", False)),
+            "cuda_graphs": replays_graphs(self.target),
         }
         if self.spec.needs_draft_model:
             out["draft_model"] = {

@@ -17,7 +17,7 @@ from specgraft.config import GenerationConfig
 from specgraft.engine import SpecEngine
 from specgraft.methods import MethodOptions, build_method
 from specgraft.models import hf
-from specgraft.models.graphs import DecoderGraphs, graphs_by_default
+from specgraft.models.graphs import DecoderGraphs, graphs_by_default, replays_graphs
 from specgraft.models.hf import HFTarget
 
 from tests.conftest import TINY_MODELS
@@ -36,8 +36,9 @@ def test_defaults():
     assert not graphs_by_default("cpu") and graphs_by_default("cuda")
     model = TINY_MODELS["llama"]()
     assert HFTarget(model).graphs is None  # eager on a CPU
-    twin = HFTarget(model, cuda_graphs=True).graphs
-    assert twin is not None and not twin.capture  # asked for on a CPU: the twin
+    asked = HFTarget(model, cuda_graphs=True)
+    assert asked.graphs is not None and not asked.graphs.capture  # asked for on a CPU: the twin
+    assert not replays_graphs(asked) and not replays_graphs(HFTarget(model))  # what configs record
     with pytest.raises(ValueError, match="kv_step"):
         DecoderGraphs(None, HFTarget(model).cache, kv_step=0)
 

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from specgraft.batch.budget import CostTable
+from specgraft.models.graphs import replays_graphs
 from specgraft.models.hf import HFTarget, synchronize
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "costs"
@@ -109,7 +110,9 @@ def measure_costs(
     seconds: dict[int, dict[int, float]] = {b: {n: statistics.median(times[(b, n)]) for n in rows} for b in batch_sizes}
     return CostTable(
         model=target.name, device=str(target.device), seconds=seconds, context=context, threads=torch.get_num_threads(),
-        dtype=str(target.dtype).replace("torch.", ""), meta={"reps": reps, "measured": time.strftime("%Y-%m-%d %H:%M")},
+        dtype=str(target.dtype).replace("torch.", ""),
+        # forwards replayed as CUDA graphs (``models/graphs.py``) cost a fraction of eager ones on a GPU
+        meta={"reps": reps, "measured": time.strftime("%Y-%m-%d %H:%M"), "cuda_graphs": replays_graphs(target)},
     )
 
 

@@ -82,6 +82,17 @@ def graphs_by_default(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" and os.environ.get("SPECGRAFT_CUDA_GRAPHS", "1") != "0"
 
 
+def replays_graphs(target: object) -> bool:
+    """Whether ``target``'s forwards are replayed as captured CUDA graphs (not the twin, not
+    off, not given up): what a run's config and a cost table record.
+
+    >>> replays_graphs(object())
+    False
+    """
+    graphs = getattr(target, "graphs", None)
+    return isinstance(graphs, DecoderGraphs) and graphs.capture and not graphs.failed
+
+
 @dataclass
 class GraphStats:
     """Forwards run eagerly (keys not captured yet), graphs captured, forwards replayed, graphs
