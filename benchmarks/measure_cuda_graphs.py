@@ -1,7 +1,9 @@
 """CUDA graphs of the decoder forwards (``specgraft/models/graphs.py``) against eager forwards on
 a GPU: ``ar`` and ``draft-tree`` on one prompt (ms a token, alternating eager / graphs, repeats),
 Hugging Face's ``generate`` on the same weights beside them, then batched ``ar`` at ``--batch``
-sequences (ms a step: the difference of a 64- and a 16-token run over 48). Graphs are switched
+sequences (ms a step: the difference of a 64- and a 16-token run over 48), and batched
+``draft-tree`` with graphs, its tree inputs built for the whole batch or slot by slot
+(``HFTarget._batch_tree_inputs``; random drafts: MAT ~1, so ms a token ~ ms a step). Graphs are switched
 by detaching each model's ``HFTarget.graphs`` (target and draft model), so both modes run the
 same loaded weights. Random weights of the catalog shapes serve (``random_models.py``): costs
 are real, acceptance is not (a random draft is never right, MAT ~1)::
@@ -132,6 +134,36 @@ def main() -> None:
     report["batched_step_ms"] = {k: statistics.median(v) for k, v in steps.items()}
     report["batch"] = args.batch
     print(json.dumps(report["batched_step_ms"]))
+
+    # batched draft-tree with graphs: tree inputs built for the whole batch or slot by slot
+    # (HFTarget._batch_tree_inputs against _tree_inputs, target and draft model)
+    mode("draft-tree", True)
+    tree = decoders["draft-tree"]
+
+    def tree_batched(n: int, whole: bool) -> float:
+        for t in targets["draft-tree"]:
+            t.batched_tree_inputs = whole
+        config = GenerationConfig(max_new_tokens=n, stop_on_eos=False)
+        batch = tree.batch_engine(max_batch=args.batch)
+        sync()
+        t0 = time.perf_counter()
+        for p in prompts:
+            batch.submit(p, config)
+        for _ in batch.events():
+            pass
+        sync()
+        return time.perf_counter() - t0
+
+    tree_batched(8, True), tree_batched(8, False), tree_batched(8, True)
+    tree_steps: dict[str, list[float]] = {}
+    for r in range(2):
+        for whole in ((True, False) if r % 2 == 0 else (False, True)):
+            step = (tree_batched(48, whole) - tree_batched(16, whole)) / 32 * 1000
+            label = "whole-batch inputs" if whole else "slot-by-slot inputs"
+            tree_steps.setdefault(label, []).append(step)
+            print(f"B={args.batch} draft-tree (graphs), {label}: {step:.2f} ms a token of each sequence", flush=True)
+    report["batched_draft_tree_ms"] = {k: statistics.median(v) for k, v in tree_steps.items()}
+    print(json.dumps(report["batched_draft_tree_ms"]))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
 
