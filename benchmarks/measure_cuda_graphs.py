@@ -111,10 +111,10 @@ def main() -> None:
     texts = [f"Write a python function number {i} that adds {i} numbers and explain it in detail." for i in range(args.batch)]
     prompts = [dec.encode(t, chat=True) for t in texts]
 
-    def batched(n: int, on: bool) -> float:
-        mode("ar", on)
+    def run_batch(name: str, n: int) -> float:
+        """Seconds for ``name`` to generate ``n`` tokens for every prompt, ``--batch`` at a time."""
         config = GenerationConfig(max_new_tokens=n, stop_on_eos=False)
-        batch = dec.batch_engine(max_batch=args.batch)
+        batch = decoders[name].batch_engine(max_batch=args.batch)
         sync()
         t0 = time.perf_counter()
         for p in prompts:
@@ -123,6 +123,10 @@ def main() -> None:
             pass
         sync()
         return time.perf_counter() - t0
+
+    def batched(n: int, on: bool) -> float:
+        mode("ar", on)
+        return run_batch("ar", n)
 
     batched(8, False), batched(8, True), batched(8, True)
     steps: dict[str, list[float]] = {}
@@ -138,21 +142,11 @@ def main() -> None:
     # batched draft-tree with graphs: tree inputs built for the whole batch or slot by slot
     # (HFTarget._batch_tree_inputs against _tree_inputs, target and draft model)
     mode("draft-tree", True)
-    tree = decoders["draft-tree"]
 
     def tree_batched(n: int, whole: bool) -> float:
         for t in targets["draft-tree"]:
             t.batched_tree_inputs = whole
-        config = GenerationConfig(max_new_tokens=n, stop_on_eos=False)
-        batch = tree.batch_engine(max_batch=args.batch)
-        sync()
-        t0 = time.perf_counter()
-        for p in prompts:
-            batch.submit(p, config)
-        for _ in batch.events():
-            pass
-        sync()
-        return time.perf_counter() - t0
+        return run_batch("draft-tree", n)
 
     tree_batched(8, True), tree_batched(8, False), tree_batched(8, True)
     tree_steps: dict[str, list[float]] = {}
