@@ -124,39 +124,37 @@ def main() -> None:
         sync()
         return time.perf_counter() - t0
 
-    def batched(n: int, on: bool) -> float:
-        mode("ar", on)
-        return run_batch("ar", n)
+    def step_ms(name: str, switch, labels: dict[bool, str], long: int, short: int = 16) -> dict[str, float]:
+        """ms a step of ``name`` batched, for each setting ``switch(True/False)`` (labelled by
+        ``labels``): the difference of a ``long``- and a ``short``-token run over their
+        difference, two rounds in alternating order after a warm-up of each, medians."""
+        for on in (False, True, True):
+            switch(on)
+            run_batch(name, 8)
+        steps: dict[str, list[float]] = {}
+        for r in range(2):
+            for on in ((False, True) if r % 2 == 0 else (True, False)):
+                switch(on)
+                step = (run_batch(name, long) - run_batch(name, short)) / (long - short) * 1000
+                steps.setdefault(labels[on], []).append(step)
+                print(f"B={args.batch} {name}, {labels[on]}: {step:.2f} ms a step", flush=True)
+        return {k: statistics.median(v) for k, v in steps.items()}
 
-    batched(8, False), batched(8, True), batched(8, True)
-    steps: dict[str, list[float]] = {}
-    for r in range(2):
-        for on in ((False, True) if r % 2 == 0 else (True, False)):
-            step = (batched(64, on) - batched(16, on)) / 48 * 1000
-            steps.setdefault("graphs" if on else "eager", []).append(step)
-            print(f"B={args.batch} ar {'graphs' if on else 'eager'}: {step:.2f} ms a step", flush=True)
-    report["batched_step_ms"] = {k: statistics.median(v) for k, v in steps.items()}
     report["batch"] = args.batch
+    report["batched_step_ms"] = step_ms("ar", lambda on: mode("ar", on), {False: "eager", True: "graphs"}, 64)
     print(json.dumps(report["batched_step_ms"]))
 
     # batched draft-tree with graphs: tree inputs built for the whole batch or slot by slot
-    # (HFTarget._batch_tree_inputs against _tree_inputs, target and draft model)
+    # (HFTarget._batch_tree_inputs against _tree_inputs, target and draft model); random
+    # drafts: MAT ~1, so a step is ~a token of each sequence
     mode("draft-tree", True)
 
-    def tree_batched(n: int, whole: bool) -> float:
+    def tree_inputs(whole: bool) -> None:
         for t in targets["draft-tree"]:
             t.batched_tree_inputs = whole
-        return run_batch("draft-tree", n)
 
-    tree_batched(8, True), tree_batched(8, False), tree_batched(8, True)
-    tree_steps: dict[str, list[float]] = {}
-    for r in range(2):
-        for whole in ((True, False) if r % 2 == 0 else (False, True)):
-            step = (tree_batched(48, whole) - tree_batched(16, whole)) / 32 * 1000
-            label = "whole-batch inputs" if whole else "slot-by-slot inputs"
-            tree_steps.setdefault(label, []).append(step)
-            print(f"B={args.batch} draft-tree (graphs), {label}: {step:.2f} ms a token of each sequence", flush=True)
-    report["batched_draft_tree_ms"] = {k: statistics.median(v) for k, v in tree_steps.items()}
+    labels = {True: "graphs, whole-batch inputs", False: "graphs, slot-by-slot inputs"}
+    report["batched_draft_tree_ms"] = step_ms("draft-tree", tree_inputs, labels, 48)
     print(json.dumps(report["batched_draft_tree_ms"]))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))

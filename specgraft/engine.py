@@ -243,20 +243,18 @@ class SpecEngine:
                     opened.append((i, *self._open(prompt, config, speculative)))
                 except (ValueError, RuntimeError) as e:
                     out[i] = e
-            together = [
-                (i, seq) for i, seq, request in opened if request == PrefillRequest() and len(starts[i][0]) > 1
-            ] if getattr(self.target, "batched_prefill", False) else []
-            if len(together) > 1:
+            # prompts (of more than the root) whose drafters ask nothing of the prefill
+            together = [(i, seq) for i, seq, request in opened if request == PrefillRequest() and len(starts[i][0]) > 1]
+            filled: set[int] = set()
+            if getattr(self.target, "batched_prefill", False) and len(together) > 1:
                 try:
                     self.target.prefill_batch([seq.slot for _, seq in together], [list(starts[i][0][:-1]) for i, _ in together])
+                    filled = {i for i, _ in together}
                 except (ValueError, RuntimeError) as e:  # e.g. out of memory: none of them starts
                     for i, seq in together:
                         self.finish(seq)
                         out[i] = e
                     opened = [o for o in opened if out[o[0]] is None]
-            else:
-                together = []
-            filled = {i for i, _ in together}
             for i, seq, request in opened:
                 prompt, _, speculative = starts[i]
                 try:

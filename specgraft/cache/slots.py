@@ -49,6 +49,14 @@ class Write:
     # [B] the slots as a device tensor (only when they are not a contiguous range), built once
     slot_index: torch.Tensor | None = None
 
+    def new_rows(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """``[B, rows]`` the cache row of every new row: ``offsets[b] + j``.
+
+        >>> Write([0, 1], [3, 5], 2, 7).new_rows().tolist()
+        [[3, 4], [5, 6]]
+        """
+        return torch.tensor(self.offsets, device=device)[:, None] + torch.arange(self.rows, device=device)[None]
+
     @property
     def contiguous(self) -> bool:
         """The slots are ``start, start + 1, ...``: buffers are read as views.
@@ -88,7 +96,7 @@ class SlotLayer(CacheLayerMixin):
             raise RuntimeError("SlotCache.update outside a forward prepared by set_write")
         device = self.keys.device
         if w.row_index is None and (len(set(w.offsets)) > 1 or not w.contiguous):
-            w.row_index = torch.tensor(w.offsets, device=device)[:, None] + torch.arange(w.rows, device=device)[None]
+            w.row_index = w.new_rows(device)
         if not w.contiguous:
             # [B] any slots: advanced indices write [B, n, H, D] and gather [B, H, kv_len, D]
             if w.slot_index is None:

@@ -229,13 +229,13 @@ class DecoderGraphs:
 
     def _fill(self, g: _Graph, write: Write, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> None:
         """Copy one forward's inputs into the static tensors."""
-        n, kv_len = write.rows, write.kv_len
+        kv_len = write.kv_len
         g.ids.copy_(ids)
         g.positions.copy_(positions)  # [B, 1] broadcasts
         g.mask[..., :kv_len].copy_(mask)
         if kv_len < g.mask.shape[-1]:
             g.mask[..., kv_len:].fill_(torch.finfo(g.mask.dtype).min)
-        g.row_index.copy_(torch.tensor([[o + j for j in range(n)] for o in write.offsets], dtype=torch.long))
+        g.row_index.copy_(write.new_rows())  # built on the host: one copy to the device
 
     def _point(self, write: Write, g: _Graph, bucket: int) -> None:
         """Make the cache's write read the static tensors and attend over the bucket."""

@@ -300,11 +300,7 @@ class HFTarget:
         the hidden states of ``request.hidden_layer``.
         """
         self._check_layer(request.hidden_layer)
-        if self.cache.pending[slot]:
-            raise ValueError(f"slot {slot} has {self.cache.pending[slot]} pending rows; commit or discard them before prefilling")
-        self._check_tokens(tokens)
-        if self.length(slot) + len(tokens) > self.max_positions:
-            raise ValueError(f"{self.length(slot) + len(tokens)} tokens exceed the context window of {self.max_positions}")
+        self._check_prefill(slot, tokens)
         top: list[torch.Tensor] = []
         top_probs: list[torch.Tensor] = []
         hidden_parts: list[torch.Tensor] = []
@@ -365,12 +361,7 @@ class HFTarget:
         if len(token_lists) != len(slots) or len(set(slots)) != len(slots):
             raise ValueError(f"prefill_batch needs distinct slots, one token list each: {slots}, {len(token_lists)} lists")
         for slot, tokens in zip(slots, token_lists):
-            self.cache._check(slot)
-            if self.cache.pending[slot]:
-                raise ValueError(f"slot {slot} has {self.cache.pending[slot]} pending rows; commit or discard them before prefilling")
-            self._check_tokens(tokens)
-            if self.length(slot) + len(tokens) > self.max_positions:
-                raise ValueError(f"{self.length(slot) + len(tokens)} tokens exceed the context window of {self.max_positions}")
+            self._check_prefill(slot, tokens)
         longest = max((len(t) for t in token_lists), default=0)
         for start in range(0, longest, self.prefill_chunk):
             part = [(s, list(t[start : start + self.prefill_chunk])) for s, t in zip(slots, token_lists) if len(t) > start]
@@ -385,13 +376,27 @@ class HFTarget:
             first = torch.tensor(lengths, dtype=torch.long, device=self.device)[:, None]
             positions = first + torch.arange(n, device=self.device)[None]
             visible = torch.arange(write.kv_len, device=self.device)[None, None, :] <= positions[:, :, None]
-            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, torch.finfo(self.dtype).min)
+            mask = self._additive_mask(visible)
             try:
                 self._decode(chunk_slots, ids, positions, mask[:, None])
             finally:
                 self.cache.end_write(counts)
             for slot, count in zip(chunk_slots, counts):
                 self.cache.commit(slot, range(count))
+
+    def _check_prefill(self, slot: int, tokens: Sequence[int]) -> None:
+        """``ValueError`` unless ``tokens`` can be prefilled into ``slot``: an allocated slot
+        with nothing pending, token ids in the vocabulary, room in the context window."""
+        self.cache._check(slot)
+        if self.cache.pending[slot]:
+            raise ValueError(f"slot {slot} has {self.cache.pending[slot]} pending rows; commit or discard them before prefilling")
+        self._check_tokens(tokens)
+        if self.length(slot) + len(tokens) > self.max_positions:
+            raise ValueError(f"{self.length(slot) + len(tokens)} tokens exceed the context window of {self.max_positions}")
+
+    def _additive_mask(self, visible: torch.Tensor) -> torch.Tensor:
+        """The additive attention mask of a boolean one: 0 where visible, the dtype's minimum elsewhere."""
+        return torch.zeros(visible.shape, dtype=self.dtype, device=visible.device).masked_fill_(~visible, torch.finfo(self.dtype).min)
 
     def forward_rows(
         self,
@@ -549,7 +554,7 @@ class HFTarget:
         visible = (torch.arange(kv_len, device=dev)[None, None, :] < lengths[:, :, None]) & real[:, :, None]
         columns = (lengths + torch.arange(p + n, device=dev)[None]).unsqueeze(1).expand(b, n, p + n)
         visible.scatter_(2, columns, seen)
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=dev).masked_fill_(~visible, torch.finfo(self.dtype).min)
+        mask = self._additive_mask(visible)
         # [B, P + n, P + n] closed relation after this forward; slot b keeps its real rows' corner
         closed = torch.cat([torch.cat([old, old.new_zeros(b, p, n)], dim=2), seen], dim=1)
         for i, slot in enumerate(slots):
@@ -567,7 +572,7 @@ class HFTarget:
         lengths = torch.tensor(committed, device=dev)
         # [B, kv_len]: each slot's committed prefix and its new row (column = its length)
         visible = torch.arange(max(committed) + 1, device=dev)[None, :] <= lengths[:, None]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=dev).masked_fill_(~visible, torch.finfo(self.dtype).min)
+        mask = self._additive_mask(visible)
         seen = torch.ones(1, 1, dtype=torch.bool, device=dev)
         for slot in slots:
             self._ancestors[slot] = seen
