@@ -217,3 +217,56 @@ def test_shipped_gpu_tables_are_found_and_give_gpu_budgets():
         on_cpu = derived_budget(name, MethodOptions(cost_table=str(cpu), graft=unextended))
         on_gpu = derived_budget(name, MethodOptions(cost_table=str(gpu), graft=unextended))
         assert on_cpu is not None and on_gpu is not None and on_gpu.budget >= on_cpu.budget, name
+
+
+def test_cost_tables_are_found_for_the_cpu_kind(tmp_path, monkeypatch):
+    """A user's table (this machine's) first; then the shipped table of this CPU's kind (AVX-512
+    or not) at this thread count, the generic shipped one, and the same at any thread count."""
+    import json
+
+    from specgraft.batch import profile
+    from specgraft.models import kernels
+
+    user, shipped = tmp_path / "user", tmp_path / "shipped"
+    shipped.mkdir()
+    monkeypatch.setattr(profile, "SHIPPED_DIR", shipped)
+    monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path))  # user_cost_dir() = tmp_path / "costs"
+    user = tmp_path / "costs"
+
+    def put(folder, name):
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_text(json.dumps({"model": "m", "device": "cpu", "seconds": {"1": {"1": 1.0}}}))
+        return folder / name
+
+    generic = put(shipped, "m-cpu-t2.json")
+    assert profile.find_cost_table("m", "cpu", 2, kind="avx512") == generic, "no table of the kind: the generic one"
+    wide = put(shipped, "m-cpu-avx512-t2.json")
+    assert profile.find_cost_table("m", "cpu", 2, kind="avx512") == wide
+    assert profile.find_cost_table("m", "cpu", 2, kind=None) == generic
+    assert profile.find_cost_table("m", "cpu", 4, kind="avx512") == wide, "another thread count, the kind still first"
+    assert profile.find_cost_table("m", "cpu", 4, kind=None) == generic
+    assert profile.find_cost_table("m", "cuda", kind="avx512") is None, "GPUs have no CPU kind"
+    mine = put(user, "m-cpu-t2.json")
+    assert profile.find_cost_table("m", "cpu", 2, kind="avx512") == mine, "the user's own table wins"
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert profile.cpu_kind() == "avx512"
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert profile.cpu_kind() is None and profile.find_cost_table("m", "cpu", 4) == mine
+
+
+def test_shipped_cpu_tables_of_both_kinds(tmp_path, monkeypatch):
+    """The two shipped CPU tables of the 1.5B: measured on the CPU kind their names say, and the
+    AVX-512 one's extra rows cost less (so its budgets are at least the AVX2 one's)."""
+    from specgraft.batch.profile import SHIPPED_DIR, find_cost_table
+
+    monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path))  # no table of this machine's
+
+    avx2 = find_cost_table("qwen2.5-coder-1.5b-instruct", "cpu", 2, kind=None)
+    wide = find_cost_table("qwen2.5-coder-1.5b-instruct", "cpu", 2, kind="avx512")
+    assert avx2 == SHIPPED_DIR / "qwen2.5-coder-1.5b-instruct-cpu-t2.json"
+    assert wide == SHIPPED_DIR / "qwen2.5-coder-1.5b-instruct-cpu-avx512-t2.json"
+    narrow_costs, wide_costs = CostTable.load(avx2), CostTable.load(wide)
+    assert wide_costs.meta["cpu_kind"] == "avx512" and wide_costs.meta["cpu_id"]["vector"].startswith("avx512")
+    assert wide_costs.cost(1, 16) / wide_costs.cost(1, 1) < narrow_costs.cost(1, 16) / narrow_costs.cost(1, 1)
+    for name in ("recycling", "ptd", "draft-tree", "graft-prune"):
+        assert method_budget(name, MethodOptions(cost_table=str(wide))) >= method_budget(name, MethodOptions(cost_table=str(avx2))), name

@@ -2,9 +2,13 @@
 
 ``specgraft profile --model M`` runs :func:`measure_costs` and writes the table; the batch
 engine's :class:`~specgraft.batch.budget.AdaptiveBudget` reads it to choose each batch size's
-budget. Shipped tables for the catalog models measured on the project's 2-core CPU live in
-``specgraft/data/costs/``; :func:`find_cost_table` prefers one the user measured (the cache
-directory), then a shipped one for the same model, device type and thread count.
+budget. Shipped tables for the catalog models measured on the project's 2-core CPUs live in
+``specgraft/data/costs/``: ``<model>-cpu-t2.json`` from an AVX2 Zen 3 and
+``<model>-cpu-avx512-t2.json`` from an AVX-512 Zen 5, whose extra rows cost far less (16 rows of
+the 1.5B: 2.1x one row against 1.46x), so the budgets they give differ (README, *Default budgets
+from the cost table*). :func:`find_cost_table` prefers one the user measured (the cache
+directory, which holds this machine's), then a shipped one for the same model, device type,
+CPU kind (:func:`cpu_kind`) and thread count, then one for any CPU kind.
 
 Every slot is prefilled with ``context`` tokens, then each ``(B, n)`` forward feeds ``n`` chain
 rows to each of ``B`` slots and is discarded, so every measurement sees the same cache. Sizes are
@@ -37,27 +41,43 @@ def user_cost_dir() -> Path:
     return Path(os.environ.get("SPECGRAFT_CACHE", Path.home() / ".cache" / "specgraft")) / "costs"
 
 
-def table_name(model: str, device: str, threads: int | None) -> str:
-    """File name of a model's table: ``<model>-<device type>[-t<threads>].json``.
+def table_name(model: str, device: str, threads: int | None, kind: str | None = None) -> str:
+    """File name of a model's table: ``<model>-<device type>[-<CPU kind>][-t<threads>].json``
+    (a CPU kind only in the names of shipped tables: :func:`cpu_kind`).
 
     >>> table_name("/x/qwen2.5-coder-1.5b-instruct", "cpu", 2)
     'qwen2.5-coder-1.5b-instruct-cpu-t2.json'
+    >>> table_name("qwen2.5-coder-1.5b-instruct", "cpu", 2, kind="avx512")
+    'qwen2.5-coder-1.5b-instruct-cpu-avx512-t2.json'
     """
     base = Path(model.rstrip("/")).name or model
-    return f"{base}-{device.split(':')[0]}" + (f"-t{threads}" if device.startswith("cpu") and threads else "") + ".json"
+    cpu = device.startswith("cpu")
+    return f"{base}-{device.split(':')[0]}" + (f"-{kind}" if cpu and kind else "") + (f"-t{threads}" if cpu and threads else "") + ".json"
 
 
-def find_cost_table(model: str, device: str, threads: int | None = None) -> Path | None:
-    """The table to use for ``model`` on ``device``: the user's measured one, else a shipped one;
-    one measured at ``threads`` threads first, else one at another thread count (on a CPU the
-    shape of the costs, which is what the budget choice reads, changes little with it)."""
-    exact = table_name(model, device, threads)
-    any_threads = table_name(model, device, None)[: -len(".json")] + "-t*.json"
-    for folder in (user_cost_dir(), SHIPPED_DIR):
-        if (folder / exact).is_file():
-            return folder / exact
-    for folder in (user_cost_dir(), SHIPPED_DIR):
-        found = sorted(folder.glob(any_threads)) if folder.is_dir() else []
+def cpu_kind() -> str | None:
+    """``"avx512"`` on a CPU with AVX-512 (``avx512f`` in ``/proc/cpuinfo``), else None: the two
+    kinds of x86 CPU whose shipped cost tables differ (wider vectors make extra rows cheaper)."""
+    from specgraft.models.kernels import cpu_flags
+
+    return "avx512" if "avx512f" in cpu_flags() else None
+
+
+def find_cost_table(model: str, device: str, threads: int | None = None, kind: str | None = "auto") -> Path | None:
+    """The table to use for ``model`` on ``device``: the user's measured one, else a shipped one,
+    for this CPU's kind first (``kind``: ``"auto"`` = :func:`cpu_kind`; None = no kind); one
+    measured at ``threads`` threads first, else one at another thread count (on a CPU the shape
+    of the costs, which is what the budget choice reads, changes little with it)."""
+    kind = (cpu_kind() if kind == "auto" else kind) if device.startswith("cpu") else None
+    shipped = [(SHIPPED_DIR, kind)] if kind else []
+    places = [(user_cost_dir(), None), *shipped, (SHIPPED_DIR, None)]
+    for folder, k in places:
+        exact = folder / table_name(model, device, threads, k)
+        if exact.is_file():
+            return exact
+    for folder, k in places:
+        pattern = table_name(model, device, None, k)[: -len(".json")] + "-t*.json"
+        found = sorted(folder.glob(pattern)) if folder.is_dir() else []
         if found:
             return found[0]
     return None
@@ -112,8 +132,18 @@ def measure_costs(
         model=target.name, device=str(target.device), seconds=seconds, context=context, threads=torch.get_num_threads(),
         dtype=str(target.dtype).replace("torch.", ""),
         # forwards replayed as CUDA graphs (``models/graphs.py``) cost a fraction of eager ones on a GPU
-        meta={"reps": reps, "measured": time.strftime("%Y-%m-%d %H:%M"), "cuda_graphs": replays_graphs(target)},
+        meta={"reps": reps, "measured": time.strftime("%Y-%m-%d %H:%M"), "cuda_graphs": replays_graphs(target), **_machine(target)},
     )
+
+
+def _machine(target: HFTarget) -> dict:
+    """What the table was measured on, for a CPU: its ``cpu_id`` (vendor, family, model, vector
+    extension) and the kind :func:`find_cost_table` files shipped tables under."""
+    if target.device.type != "cpu":
+        return {}
+    from specgraft.bench.environment import cpu_id, cpu_model
+
+    return {"cpu": cpu_model(), "cpu_id": cpu_id(), "cpu_kind": cpu_kind()}
 
 
 def resolve_row_cost(value: str | float | None, model: str, device: str, threads: int | None = None) -> tuple[float | None, str]:
