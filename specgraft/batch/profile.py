@@ -5,7 +5,7 @@ engine's :class:`~specgraft.batch.budget.AdaptiveBudget` reads it to choose each
 budget. Shipped tables for the catalog models measured on the project's 2-core CPUs live in
 ``specgraft/data/costs/``: ``<model>-cpu-t2.json`` from an AVX2 Zen 3 and
 ``<model>-cpu-avx512-t2.json`` from an AVX-512 Zen 5, whose extra rows cost far less (16 rows of
-the 1.5B: 2.1x one row against 1.46x), so the budgets they give differ (README, *Default budgets
+the 1.5B: 2.1x one row against 1.45x), so the budgets they give differ (README, *Default budgets
 from the cost table*). :func:`find_cost_table` prefers one the user measured (the cache
 directory, which holds this machine's), then a shipped one for the same model, device type,
 CPU kind (:func:`cpu_kind`) and thread count, then one for any CPU kind.
