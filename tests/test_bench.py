@@ -98,18 +98,22 @@ def config(target: str, out: Path, **kw) -> BenchConfig:
 # -- READER self-repetition and agreement -------------------------------------------------------
 
 
-def slow_self_repetition(prompt: list[int], response: list[int]) -> tuple[int, int]:
-    """The paper's three steps with brute-force substring search (the obviously correct twin)."""
+def slow_self_repetition(prompt: list[int], response: list[int], documents: list[list[int]] = ()) -> tuple[int, int]:
+    """The paper's three steps with brute-force substring search (the obviously correct twin);
+    a match in one of ``documents`` must be followed by a token of it (``store_match``)."""
 
     def occurs(sub: list[int], text: list[int]) -> bool:
         return any(text[j : j + len(sub)] == sub for j in range(len(text) - len(sub) + 1))
+
+    def in_documents(sub: list[int]) -> bool:
+        return any(occurs(sub, doc[:-1]) for doc in documents)
 
     pointer = advances = 0
     while pointer < len(response):
         best = 0
         for end in range(pointer + 1, len(response) + 1):
             sub = response[pointer:end]
-            if occurs(sub, prompt) or occurs(sub, response[:pointer]):
+            if occurs(sub, prompt) or occurs(sub, response[:pointer]) or in_documents(sub):
                 best = end - pointer
         pointer += max(best, 1)
         advances += 1
@@ -133,6 +137,22 @@ def test_self_repetition_matches_slow_twin():
         response = [rng.randrange(4) for _ in range(rng.randrange(0, 16))]
         sr = self_repetition(prompt, response)
         assert (sr.response_tokens, sr.advances) == slow_self_repetition(prompt, response), (prompt, response)
+
+
+def test_self_repetition_with_datastores_matches_slow_twin():
+    from specgraft.retrieval import Datastore
+
+    rng = random.Random(1)
+    for _ in range(200):
+        documents = [[rng.randrange(4) for _ in range(rng.randrange(1, 10))] for _ in range(rng.randrange(1, 4))]
+        prompt = [rng.randrange(4) for _ in range(rng.randrange(0, 8))]
+        response = [rng.randrange(4) for _ in range(rng.randrange(0, 16))]
+        stores = [Datastore.from_documents(documents[:1]), Datastore.from_documents(documents[1:])] if len(documents) > 1 else [
+            Datastore.from_documents(documents)]
+        sr = self_repetition(prompt, response, stores=stores)
+        assert (sr.response_tokens, sr.advances) == slow_self_repetition(prompt, response, documents), (prompt, response, documents)
+    # a datastore can only add matches
+    assert self_repetition([1], [2, 3, 2, 3], stores=[Datastore.from_documents([[2, 3, 2, 3, 0]])]).advances == 1
 
 
 def test_longest_match():

@@ -28,7 +28,9 @@ Worked example: input ``[1, 2, 3, 4]``, response ``[1, 2, 3, 5, 1, 2, 3, 5]``.
 - pointer 3: ``5`` is neither in the input nor in the prefix ``[1, 2, 3]`` -> advance 1
 - pointer 4: ``[1, 2, 3, 5]`` is in the prefix ``[1, 2, 3, 5]`` -> advance 4; done
 
-8 tokens / 3 advances = 2.67::
+8 tokens / 3 advances = 2.67. READER's Table 1 also reports the metric "with datastore": a
+match may then also lie in an external corpus (its datastore of 100 other responses), which
+``stores`` adds (any object with ``key_range``, e.g. :class:`~specgraft.retrieval.Datastore`)::
 
     >>> self_repetition([1, 2, 3, 4], [1, 2, 3, 5, 1, 2, 3, 5])
     SelfRepetition(response_tokens=8, advances=3)
@@ -86,13 +88,46 @@ def longest_match(pattern: Sequence[int], text: Sequence[int]) -> int:
     return k
 
 
-def self_repetition(prompt: Sequence[int], response: Sequence[int]) -> SelfRepetition:
-    """READER's self-repetition counts for one output (see the module docstring)."""
+def store_match(pattern: Sequence[int], store, cap: int = 256) -> int:
+    """Length of the longest prefix of ``pattern`` (at most ``cap`` tokens) that occurs in
+    ``store`` followed by a token (``store.key_range(key)`` is a non-empty range): galloping, then
+    bisection, since every prefix of an occurring key occurs.
+
+    >>> from specgraft.retrieval import Datastore
+    >>> store = Datastore.from_documents([[1, 2, 3, 4]])
+    >>> store_match([2, 3, 9], store), store_match([2, 3, 4], store), store_match([7], store)
+    (2, 2, 0)
+    """
+    def occurs(m: int) -> bool:
+        lo, hi = store.key_range(pattern[:m])
+        return lo < hi
+
+    n = min(len(pattern), cap)
+    good, bad = 0, n + 1  # longest length known to occur, shortest known not to
+    m = 1
+    while good + 1 < bad:
+        if occurs(m):
+            good = m
+            m = 2 * m if 2 * m < bad else (m + bad) >> 1
+        else:
+            bad = m
+            m = (good + bad) >> 1
+    return good
+
+
+def self_repetition(prompt: Sequence[int], response: Sequence[int], stores: Sequence = ()) -> SelfRepetition:
+    """READER's self-repetition counts for one output (see the module docstring); with ``stores``,
+    matches may also lie in those datastores ("W/ DS" in READER's Table 1).
+
+    >>> from specgraft.retrieval import Datastore
+    >>> self_repetition([1, 2], [3, 4, 5, 6], stores=[Datastore.from_documents([[3, 4, 5, 9]])])
+    SelfRepetition(response_tokens=4, advances=2)
+    """
     prompt, response = list(prompt), list(response)
     pointer = advances = 0
     while pointer < len(response):
         rest = response[pointer:]
-        length = max(longest_match(rest, prompt), longest_match(rest, response[:pointer]))
+        length = max(longest_match(rest, prompt), longest_match(rest, response[:pointer]), *(store_match(rest, s) for s in stores))
         pointer += max(length, 1)
         advances += 1
     return SelfRepetition(response_tokens=len(response), advances=advances)

@@ -1,4 +1,5 @@
-"""`specgraft datastore build | info`: READER's long-term retrieval datastores (suffix arrays)."""
+"""`specgraft datastore build | generate | info`: READER's long-term retrieval datastores (suffix arrays),
+and corpora of the target's own answers to build them from."""
 
 from __future__ import annotations
 
@@ -74,6 +75,60 @@ def datastore_build(
         max_bytes=None if max_mb is None else int(max_mb * 1e6), overwrite=force,
     )
     err.print(f"{manifest['documents']} documents, {manifest['token_count']} tokens -> {out_dir}")
+
+
+@datastore_app.command("generate")
+def datastore_generate(
+    model: str = typer.Option(..., "--model", "-m", help="The target model whose answers the datastore will hold."),
+    prompts: list[str] = typer.Option(..., "--prompts", help="Prompt suite or JSONL file (id, task, turns[, chat]), as --suite takes it; `FILE:N` keeps the first N per task (repeatable)."),
+    out_path: str = typer.Option(..., "--out", help="Answers JSONL to write, or to resume (prompts already in it are skipped)."),
+    method: str = typer.Option("draft-tree", help="Any method: greedy answers are plain decoding's tokens whichever method runs, so pick the fastest."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model, for the methods that need one."),
+    max_new_tokens: int = typer.Option(128, help="Tokens per answer (fewer when EOS comes first)."),
+    exclude_suite: str = typer.Option("all", help="Refuse prompts overlapping these suites' prompts (as `datastore build --exclude-suite`)."),
+    dtype: str = typer.Option("auto", help="auto, bfloat16 or float32 (the target's; answers in float32 are exact)."),
+    draft_quant: str = typer.Option("auto", "--draft-quant", help="The draft model's numerics (auto: int8 on CPU); outputs stay the target's."),
+    threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice)."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    cache_dir: Optional[str] = typer.Option(None, help="Model cache (default: $SPECGRAFT_CACHE or ~/.cache/specgraft/models)."),
+) -> None:
+    """Answer prompts with the target (greedy, first turns) into a JSONL corpus for `datastore build`.
+
+    READER builds its datastore from "many responses, ideally produced by the base model"; e.g.
+    `specgraft datastore generate -m qwen2.5-coder-1.5b-instruct --prompts benchmarks/answer_prompts.jsonl
+    --out answers.jsonl --draft-model qwen2.5-coder-0.5b-instruct`, then
+    `specgraft datastore build -m qwen2.5-coder-1.5b-instruct --corpus answers.jsonl --out DIR`.
+    """
+    from specgraft.cli.generate import method_options, set_threads
+    from specgraft.methods import get_method
+    from specgraft.retrieval.answers import generate_answers
+    from specgraft.retrieval.corpus import ExcludeFilter
+    from specgraft.suites import load_suite
+
+    # fail on bad arguments before loading anything
+    get_method(method)
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    suite = load_suite(prompts)
+    excluded = exclude_prompts(exclude_suite)
+    exclude = ExcludeFilter(excluded) if excluded else None
+    set_threads(threads)
+    from specgraft.api import SpecDecoder
+
+    options = method_options(
+        model, dtype, draft_model=draft_model, calibration=None, preset="cpu", draft_depth=None, draft_top_k=None,
+        recycling_state=None, learning="request", datastore=None, reader_shape=None, draft_quant=draft_quant,
+    )
+    get_method(method).check(options)  # a missing draft model, before the target loads
+    decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options, cache_dir=cache_dir)
+    config = SpecDecoder.make_config(max_new_tokens=max_new_tokens)
+    err.print(f"{len(suite.prompts)} prompts, {max_new_tokens} tokens each, method {method} -> {out_path}")
+    run = generate_answers(decoder, suite.prompts, out_path, config, exclude=exclude, extra={"model": model, "method": method})
+    if run.excluded:
+        err.print(f"refused {len(run.excluded)} prompts overlapping --exclude-suite {exclude_suite}: {', '.join(run.excluded[:5])}"
+                  + (" ..." if len(run.excluded) > 5 else ""))
+    err.print(f"{run.written} answers written ({run.new_tokens} tokens, {run.tokens_per_s:.1f} tokens/s), "
+              f"{run.skipped} already in {out_path}")
 
 
 @datastore_app.command("info")

@@ -7,7 +7,8 @@ suffix-array datastores over corpora, and SearchPath (Algorithm 3) that merges t
     >>> search_path([10, 11], depth=3, trie=trie).tokens
     (12, 13, 10)
 
-Modules, in the order data flows: ``corpus`` (read documents), ``build`` (tokenise, sort, write a
+Modules, in the order data flows: ``answers`` (a corpus of the target's own answers, written
+with a decoder it is given), ``corpus`` (read documents), ``build`` (tokenise, sort, write a
 datastore directory), ``datastore`` (memory-map and query it), ``trie`` (the stream's n-grams),
 ``search`` (one path from all of them). Nothing here imports torch.
 """
