@@ -43,6 +43,7 @@ from specgraft.models.attention import PACKED_SDPA, attention_implementation
 from specgraft.models.fusion import fuse_by_default, fuse_projections
 from specgraft.models.graphs import DecoderGraphs, graphs_by_default
 from specgraft.models.kernels import auto_dtype, use_onednn_linears
+from specgraft.models.lean import LeanDecoder, lean_by_default, lean_decoder
 from specgraft.tree.layout import depth_from_mask, pending_ancestors
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
 
@@ -197,7 +198,10 @@ class HFTarget:
     :meth:`reserve` with a generation's whole length to allocate once.
     """
 
-    def __init__(self, model: PreTrainedModel, prefill_chunk: int = 512, capacity: int = 256, cuda_graphs: bool | None = None):
+    def __init__(
+        self, model: PreTrainedModel, prefill_chunk: int = 512, capacity: int = 256, cuda_graphs: bool | None = None,
+        lean: bool | None = None,
+    ):
         check_tree_attention(model)
         self.model = model.eval()
         self.config = model.config.get_text_config(decoder=True)
@@ -224,6 +228,12 @@ class HFTarget:
         # on a GPU a forward is launch-bound, so 16 prompts cost about what one does; on a CPU a
         # forward is compute-bound and padding to the longest prompt would only add work
         self.batched_prefill = self.device.type != "cpu"
+        # the decoder's forward as one plain loop of the same ops (``models/lean.py``; bit for bit
+        # Hugging Face's): None = Hugging Face's forward. ``lean`` None: on the CPU, for the
+        # models it supports, unless SPECGRAFT_LEAN=0
+        self.lean: LeanDecoder | None = None
+        if lean_by_default(self.device) if lean is None else lean:
+            self.lean = lean_decoder(self.decoder)
         if graphs_by_default(self.device) if cuda_graphs is None else cuda_graphs:
             self.graphs = DecoderGraphs(self._decode, self.cache, capture=self.device.type == "cuda")
 
@@ -285,6 +295,8 @@ class HFTarget:
         """One decoder forward over ``slots`` (the cache's write set up): ``[B, n, H]`` final
         hidden states (after the final norm) and those of ``layer`` (the final ones when None)."""
         with attention_backends(ids.device):
+            if self.lean is not None:
+                return self.lean(ids, positions, mask, self.cache, layer)
             out = self.decoder(
                 input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                 output_hidden_states=layer is not None, **{self._cache_kwarg: self.cache},
