@@ -550,7 +550,7 @@ def test_vllm_peers_run_after_ours_on_the_same_ids(target_dir, tmp_path, monkeyp
         config(target_dir, out, methods="vllm-recycling")
 
 
-@pytest.mark.parametrize("module", ["agreement", "suites", "bench.environment", "bench.repetition", "bench.summary", "bench.runner", "bench.vllm_peers", "bench.report"])
+@pytest.mark.parametrize("module", ["agreement", "suites", "machine", "bench.environment", "bench.repetition", "bench.summary", "bench.runner", "bench.vllm_peers", "bench.report"])
 def test_docstring_examples(module):
     import doctest
     import importlib

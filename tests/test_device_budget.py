@@ -225,7 +225,7 @@ def test_cost_tables_are_found_for_the_cpu_kind(tmp_path, monkeypatch):
     import json
 
     from specgraft.batch import profile
-    from specgraft.models import kernels
+    from specgraft import machine
 
     user, shipped = tmp_path / "user", tmp_path / "shipped"
     shipped.mkdir()
@@ -248,10 +248,10 @@ def test_cost_tables_are_found_for_the_cpu_kind(tmp_path, monkeypatch):
     assert profile.find_cost_table("m", "cuda", kind="avx512") is None, "GPUs have no CPU kind"
     mine = put(user, "m-cpu-t2.json")
     assert profile.find_cost_table("m", "cpu", 2, kind="avx512") == mine, "the user's own table wins"
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
-    assert profile.cpu_kind() == "avx512"
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    assert profile.cpu_kind() is None and profile.find_cost_table("m", "cpu", 4) == mine
+    monkeypatch.setattr(machine, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    assert machine.cpu_kind() == "avx512"
+    monkeypatch.setattr(machine, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert machine.cpu_kind() is None and profile.find_cost_table("m", "cpu", 4) == mine
 
 
 def test_shipped_cpu_tables_of_both_kinds(tmp_path, monkeypatch):

@@ -30,8 +30,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from specgraft import machine
 from specgraft.batch.budget import CostTable
 from specgraft.models.graphs import replays_graphs
+from specgraft.machine import cpu_kind  # noqa: F401 (kept importable here, where the tables are found)
 from specgraft.models.hf import HFTarget, synchronize
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "costs"
@@ -55,20 +57,12 @@ def table_name(model: str, device: str, threads: int | None, kind: str | None = 
     return f"{base}-{device.split(':')[0]}" + (f"-{kind}" if cpu and kind else "") + (f"-t{threads}" if cpu and threads else "") + ".json"
 
 
-def cpu_kind() -> str | None:
-    """``"avx512"`` on a CPU with AVX-512 (``avx512f`` in ``/proc/cpuinfo``), else None: the two
-    kinds of x86 CPU whose shipped cost tables differ (wider vectors make extra rows cheaper)."""
-    from specgraft.models.kernels import cpu_flags
-
-    return "avx512" if "avx512f" in cpu_flags() else None
-
-
 def find_cost_table(model: str, device: str, threads: int | None = None, kind: str | None = "auto") -> Path | None:
     """The table to use for ``model`` on ``device``: the user's measured one, else a shipped one,
     for this CPU's kind first (``kind``: ``"auto"`` = :func:`cpu_kind`; None = no kind); one
     measured at ``threads`` threads first, else one at another thread count (on a CPU the shape
     of the costs, which is what the budget choice reads, changes little with it)."""
-    kind = (cpu_kind() if kind == "auto" else kind) if device.startswith("cpu") else None
+    kind = (machine.cpu_kind() if kind == "auto" else kind) if device.startswith("cpu") else None
     shipped = [(SHIPPED_DIR, kind)] if kind else []
     places = [(user_cost_dir(), None), *shipped, (SHIPPED_DIR, None)]
     for folder, k in places:
@@ -141,9 +135,7 @@ def _machine(target: HFTarget) -> dict:
     extension) and the kind :func:`find_cost_table` files shipped tables under."""
     if target.device.type != "cpu":
         return {}
-    from specgraft.bench.environment import cpu_id, cpu_model
-
-    return {"cpu": cpu_model(), "cpu_id": cpu_id(), "cpu_kind": cpu_kind()}
+    return {"cpu": machine.cpu_model(), "cpu_id": machine.cpu_id(), "cpu_kind": machine.cpu_kind()}
 
 
 def resolve_row_cost(value: str | float | None, model: str, device: str, threads: int | None = None) -> tuple[float | None, str]:

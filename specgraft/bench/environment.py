@@ -21,54 +21,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+# re-exported: the CPU's identity lives in ``specgraft.machine`` (the cost tables read it too)
+from specgraft.machine import VECTOR_ISAS, cpu_id, cpu_model  # noqa: F401
+
 PACKAGES = ("specgraft", "torch", "transformers", "tokenizers", "accelerate", "numpy")
-
-
-def cpu_model(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """The first ``model name`` of ``/proc/cpuinfo``, else ``platform.processor()``."""
-    try:
-        for line in Path(cpuinfo).read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-#: Vector extensions, widest first, by their ``/proc/cpuinfo`` flag.
-VECTOR_ISAS = (("amx_tile", "amx"), ("avx512_bf16", "avx512-bf16"), ("avx512f", "avx512"), ("avx2", "avx2"), ("avx", "avx"))
-
-
-def cpu_id(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
-    r"""Vendor, family, model, stepping and the widest vector extension of the first processor in
-    ``cpuinfo`` (empty where it cannot be read, e.g. not Linux).
-
-    >>> import tempfile
-    >>> text = "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nstepping\t: 1\nflags\t\t: fpu avx avx2 fma\n"
-    >>> with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-    ...     _ = f.write(text)
-    >>> cpu_id(f.name)
-    {'vendor': 'AuthenticAMD', 'family': 25, 'model': 1, 'stepping': 1, 'vector': 'avx2'}
-    >>> os.unlink(f.name)
-    """
-    fields = {"vendor_id": "vendor", "cpu family": "family", "model": "model", "stepping": "stepping"}
-    out: dict[str, Any] = {}
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the first processor's block only
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key in fields:
-            out[fields[key]] = int(value) if value.isdigit() else value
-        elif key == "flags":
-            flags = set(value.split())
-            out["vector"] = next((name for flag, name in VECTOR_ISAS if flag in flags), None)
-    return out
 
 
 def source_revision(path: str | Path | None = None) -> str | None:

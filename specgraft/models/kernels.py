@@ -58,6 +58,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specgraft import machine
+
 #: Batch-size hint for oneDNN's weight reorder; 32 measured best across 1-512 rows here.
 PACK_HINT_ROWS = 32
 
@@ -197,22 +199,9 @@ def use_onednn_linears(model: nn.Module) -> int:
     return len(places)
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux ``/proc/cpuinfo``, first processor); empty elsewhere."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
-
-
 def cpu_has_native_bf16() -> bool:
     """True where the CPU advertises AVX512-BF16 or AMX-BF16 (Linux ``/proc/cpuinfo``)."""
-    flags = cpu_flags()
+    flags = machine.cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
