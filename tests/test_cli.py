@@ -380,3 +380,12 @@ def test_sample_drafts_needs_a_temperature(monkeypatch, capsys, tiny_model_dir, 
         "--sample-drafts", "w5",
     )
     assert_one_line_error(code, err, "--sample-drafts needs --temperature > 0")
+
+
+def test_cli_start_up_imports_no_torch():
+    """`specgraft --help` and a bad argument answer without loading torch or transformers (~1 s
+    of imports): each command imports what it runs (``cli/__init__.py``)."""
+    import subprocess
+
+    code = "import sys, specgraft.cli; bad = {'torch', 'transformers'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True)

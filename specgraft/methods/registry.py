@@ -304,6 +304,8 @@ def method_names() -> Sequence[str]:
     return sorted(METHODS)
 
 
-def build_method(name: str, target: TargetModel, options: MethodOptions = MethodOptions(), draft_model: Any = None):
-    """``(drafters, composer)`` of method ``name`` for ``target``."""
-    return get_method(name).build(target, options, draft_model)
+def build_method(name: str, target: TargetModel, options: MethodOptions | None = None, draft_model: Any = None):
+    """``(drafters, composer)`` of method ``name`` for ``target`` (``options`` None: the defaults;
+    not a default argument, whose construction would import every drafter, and torch, with this
+    module)."""
+    return get_method(name).build(target, options if options is not None else MethodOptions(), draft_model)
