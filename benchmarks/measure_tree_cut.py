@@ -7,7 +7,8 @@ cut, ``GraftOptions(row_cost=0)``), ``cut`` (``draft-tree``'s default: the cpu p
 ``long_row_cost``), ``adapt`` (the default with ``extend_adapt=True``: each sequence caps its
 chains by what the target accepted of its recent ones), ``copy`` and ``nocopy`` (the default
 with ``copy_ahead`` rows guessed per extension forward, ``--copy-ahead``, and with none; the
-default guesses 7 since copy-ahead was measured with this script: that run's ``cut`` had none) and HF's
+default guesses 7 since copy-ahead was measured with this script: that run's ``cut`` had none),
+``cut@R`` (the default with the cut at row cost ``R``) and HF's
 ``generate(assistant_model=draft)`` (``hf``), those named by ``--variants``, ``--rounds`` times. ``hf``
 runs in a child process with its own target and draft (``--peer-process separate``, the default,
 as ``specgraft bench`` runs it: ``specgraft.bench.peer_process``; ``shared`` runs it on this
@@ -39,7 +40,7 @@ def main() -> None:
     parser.add_argument("--per-task", type=int, default=2)
     parser.add_argument("--suite", default=None, help="a JSONL prompt file instead of the tuning prompts")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--variants", default="long,cut,hf", help="comma-separated, of long, cut, adapt, copy, nocopy, hf")
+    parser.add_argument("--variants", default="long,cut,hf", help="comma-separated, of long, cut, cut@R (row cost R), adapt, copy, nocopy, hf")
     parser.add_argument("--copy-ahead", type=int, default=7, help="the copy variant's guessed rows per extension forward")
     parser.add_argument("--peer-process", choices=("separate", "shared"), default="separate",
                         help="where hf runs: a child process with its own models, or this one")
@@ -51,6 +52,9 @@ def main() -> None:
     variants = args.variants.split(",")
     known = {"long": dataclasses.replace(g, row_cost=0.0), "cut": g, "adapt": dataclasses.replace(g, extend_adapt=True),
              "copy": dataclasses.replace(g, copy_ahead=args.copy_ahead), "nocopy": dataclasses.replace(g, copy_ahead=0)}
+    for v in variants:  # `cut@R`: the default with the cost-aware cut at row cost R
+        if v.startswith("cut@"):
+            known[v] = dataclasses.replace(g, row_cost=float(v[4:]))
     unknown = [v for v in variants if v not in known and v != "hf"]
     if unknown:
         parser.error(f"unknown variants {unknown}: choose from {sorted(known) + ['hf']}")

@@ -97,7 +97,8 @@ def test_cost_table_row_cost_and_resolution(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=">= 0"):
         resolve_row_cost("-1", "m", "cpu")
     # the shipped table of the 1.5B target for this kind of CPU (AVX2: the Zen 3's; AVX-512: the Zen 5's)
-    from specgraft.batch.profile import cpu_kind, table_name
+    from specgraft.batch.profile import table_name
+    from specgraft.machine import cpu_kind
 
     cost, source = resolve_row_cost("auto", "qwen2.5-coder-1.5b-instruct", "cpu", 2)
     low, high = (0.01, 0.06) if cpu_kind() == "avx512" else (0.03, 0.12)

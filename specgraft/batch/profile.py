@@ -8,7 +8,7 @@ budget. Shipped tables for the catalog models measured on the project's 2-core C
 the 1.5B: 2.1x one row against 1.45x), so the budgets they give differ (README, *Default budgets
 from the cost table*). :func:`find_cost_table` prefers one the user measured (the cache
 directory, which holds this machine's), then a shipped one for the same model, device type,
-CPU kind (:func:`cpu_kind`) and thread count, then one for any CPU kind.
+CPU kind (:func:`~specgraft.machine.cpu_kind`) and thread count, then one for any CPU kind.
 
 Every slot is prefilled with ``context`` tokens, then each ``(B, n)`` forward feeds ``n`` chain
 rows to each of ``B`` slots and is discarded, so every measurement sees the same cache. Sizes are
@@ -33,7 +33,6 @@ import torch
 from specgraft import machine
 from specgraft.batch.budget import CostTable
 from specgraft.models.graphs import replays_graphs
-from specgraft.machine import cpu_kind  # noqa: F401 (kept importable here, where the tables are found)
 from specgraft.models.hf import HFTarget, synchronize
 
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "costs"
@@ -45,7 +44,7 @@ def user_cost_dir() -> Path:
 
 def table_name(model: str, device: str, threads: int | None, kind: str | None = None) -> str:
     """File name of a model's table: ``<model>-<device type>[-<CPU kind>][-t<threads>].json``
-    (a CPU kind only in the names of shipped tables: :func:`cpu_kind`).
+    (a CPU kind only in the names of shipped tables: :func:`~specgraft.machine.cpu_kind`).
 
     >>> table_name("/x/qwen2.5-coder-1.5b-instruct", "cpu", 2)
     'qwen2.5-coder-1.5b-instruct-cpu-t2.json'
@@ -59,7 +58,7 @@ def table_name(model: str, device: str, threads: int | None, kind: str | None = 
 
 def find_cost_table(model: str, device: str, threads: int | None = None, kind: str | None = "auto") -> Path | None:
     """The table to use for ``model`` on ``device``: the user's measured one, else a shipped one,
-    for this CPU's kind first (``kind``: ``"auto"`` = :func:`cpu_kind`; None = no kind); one
+    for this CPU's kind first (``kind``: ``"auto"`` = :func:`~specgraft.machine.cpu_kind`; None = no kind); one
     measured at ``threads`` threads first, else one at another thread count (on a CPU the shape
     of the costs, which is what the budget choice reads, changes little with it)."""
     kind = (machine.cpu_kind() if kind == "auto" else kind) if device.startswith("cpu") else None

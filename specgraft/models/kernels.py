@@ -51,9 +51,7 @@ It also chooses a dtype: bf16 is only fast where the CPU computes in bf16 native
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
-from pathlib import Path
 
 import torch
 from torch import nn
