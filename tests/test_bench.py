@@ -338,6 +338,32 @@ def test_full_run_every_suite(target_dir, alpaca_file, tmp_path):
     assert run_info["config"]["run_methods"] == ["ar", "pld", "recycling", "hf", "hf-pld"]
 
 
+def test_ceiling_with_the_runs_datastores(target_dir, tmp_path):
+    """A run with ``--datastore`` reports the ceiling with them beside the plain one: here a
+    datastore of the answers themselves, so it can only be higher."""
+    from transformers import AutoTokenizer
+
+    from specgraft.retrieval.build import build_datastore
+
+    plain = tmp_path / "plain"
+    run_benchmark(config(target_dir, plain, suite="humaneval:2", methods="ar"))
+    rows = read_rows(plain / RESULTS_FILE)
+    assert all(r.self_repetition_ds is None for r in rows)
+    corpus = tmp_path / "answers.jsonl"
+    corpus.write_text("".join(json.dumps({"output": r.text}) + "\n" for r in rows))
+    build_datastore(AutoTokenizer.from_pretrained(target_dir), [corpus], tmp_path / "ds", progress=False)
+    out = tmp_path / "with-ds"
+    report = run_benchmark(config(target_dir, out, suite="humaneval:2", methods="ar,pld", datastores=(str(tmp_path / "ds"),)))
+    rows = read_rows(out / RESULTS_FILE)
+    ar = [r for r in rows if r.method == "ar"]
+    assert all(r.self_repetition_ds for r in ar) and all(r.self_repetition_ds is None for r in rows if r.method != "ar")
+    summary = summarize(rows)
+    assert summary.ceiling_ds[OVERALL].value > summary.ceiling[OVERALL].value
+    assert summary.ceiling_ds[OVERALL].response_tokens == summary.ceiling[OVERALL].response_tokens
+    column = "| retrieval ceiling (self-repetition) | ceiling with the datastores |"
+    assert column in report.read_text() and column not in (plain / "report.md").read_text()
+
+
 def test_bracketed_run_uses_the_mean_of_both_ar_runs(target_dir, tmp_path):
     out = tmp_path / "bracketed"
     report = run_benchmark(config(target_dir, out, suite="humaneval:2", methods="ar,pld", bracket=True))

@@ -55,6 +55,9 @@ class ResultRow:
     plain vLLM for ``vllm-*``)."""
     self_repetition: dict[str, int] | None = None
     """``ar`` only: READER's counts (response_tokens, advances) over this input and output."""
+    self_repetition_ds: dict[str, int] | None = None
+    """``ar`` only, in a run with ``--datastore``: the same counts when a match may also lie in
+    the run's datastores (READER Table 1's "W/ DS")."""
     config: dict[str, Any] | None = None
     environment: dict[str, Any] | None = None
 

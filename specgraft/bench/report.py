@@ -40,7 +40,7 @@ DEFINITIONS = """\
 - **tokens/s** = new tokens / generation time (prefill included), `time.perf_counter()` around generation only, after a warm-up, every method in the same process with the same dtype and threads.
 - **exact vs own plain** (peers): outputs equal token for token to their own engine's plain greedy output (`hf` / `vllm`) on the same input ids.
 - **agreement** with `ar` on the same input ids: exact outputs / generations, mean fraction of equal positions, earliest first divergence (token index). Greedy verification is lossless, but a pass over several rows and a one-row pass round differently (bf16 much more than fp32), so outputs may drift after a near-tie.
-- **retrieval ceiling** = READER's self-repetition metric (sec. 4.1) over the `ar` outputs: response tokens / pointer advances when each advance takes the longest continuation found in the input or the already-processed output; the MAT an infinite retrieval tree over prompt + history would reach (without counting a bonus token).
+- **retrieval ceiling** = READER's self-repetition metric (sec. 4.1) over the `ar` outputs: response tokens / pointer advances when each advance takes the longest continuation found in the input or the already-processed output; the MAT an infinite retrieval tree over prompt + history would reach (without counting a bonus token). **ceiling with the datastores** (runs with `--datastore`): the same when a continuation may also be found in the run's datastores, followed by a token there (READER's Table 1, "W/ DS"); a large corpus matches some short n-gram almost anywhere, so this bounds far above what one retrieved path per step accepts.
 - Each method has its own engine over the one loaded model and runs one short warm-up generation on a prompt outside the suites. What drafters learn within a generation (Token Recycling's and Graft's successor matrix, `pld`'s copy rates) starts again from the shared state (priors, `--recycling-state`, the calibration's matrix) on every input (`--learning request`, the default since the core issue), so a row does not depend on the inputs before it; runs made with `--learning shared` (and runs that predate the option) keep that state through the run, in prompt order.
 - Absolute times on a shared machine are noisy; ratios measured in one run are the meaningful figures."""
 
@@ -114,12 +114,14 @@ def matrix_table(summary: Summary) -> list[str]:
 def ceiling_table(summary: Summary) -> list[str]:
     """Measured MAT of each registry method beside the retrieval ceiling, per task."""
     ours = [m for m in summary.methods if not summary.cells[(m, OVERALL)].peer and m != "ar"]
-    header = ["task", "prompts", "retrieval ceiling (self-repetition)", *[f"MAT {m}" for m in ours]]
+    with_ds = bool(summary.ceiling_ds)
+    header = ["task", "prompts", "retrieval ceiling (self-repetition)", *(["ceiling with the datastores"] if with_ds else []),
+              *[f"MAT {m}" for m in ours]]
     rows = []
     for task in [*summary.tasks, OVERALL]:
-        sr = summary.ceiling.get(task)
+        sr, ds = summary.ceiling.get(task), summary.ceiling_ds.get(task)
         rows.append([
-            task, str(summary.prompts[task]), _f(sr.value if sr else None),
+            task, str(summary.prompts[task]), _f(sr.value if sr else None), *([_f(ds.value if ds else None)] if with_ds else []),
             *[_f(c.mat) if (c := summary.cell(m, task)) else "-" for m in ours],
         ])
     return _table(header, rows)

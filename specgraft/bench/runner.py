@@ -482,6 +482,8 @@ class Session:
     cfg: BenchConfig
     environment: dict[str, Any]
     decoder: Any  # SpecDecoder, for detokenizing outputs
+    stores: tuple[Any, ...] = ()
+    """The run's ``--datastore`` suffix arrays (memory-mapped), for the ceiling with datastores."""
 
 
 @dataclass
@@ -567,6 +569,9 @@ def make_row(
     if name == "ar":
         sr = self_repetition(gen.ids, run.tokens)
         row.self_repetition = {"response_tokens": sr.response_tokens, "advances": sr.advances}
+        if session.stores:
+            sr = self_repetition(gen.ids, run.tokens, stores=session.stores)
+            row.self_repetition_ds = {"response_tokens": sr.response_tokens, "advances": sr.advances}
     return row
 
 
@@ -857,6 +862,10 @@ def _run_loaded(
     models = load_models(cfg, options)
     methods = build_methods(cfg, models, options, peer_process)
     session = Session(_session_id(), cfg, environment(cfg.resolved_dtype), models.decoder)
+    if cfg.datastores:
+        from specgraft.retrieval import load_datastores
+
+        session.stores = tuple(load_datastores(cfg.datastores, models.decoder.tokenizer))
 
     has_template = bool(getattr(models.decoder.tokenizer, "chat_template", None))
     notes = list(suite.notes)

@@ -119,6 +119,8 @@ class Summary:
     sessions: list[str]
     # task -> ar-end time / ar time of every bracketed generation (OVERALL included; empty if none)
     drift: dict[str, list[float]] = field(default_factory=dict)
+    # task -> pooled self-repetition with the run's datastores (a run with --datastore; OVERALL included)
+    ceiling_ds: dict[str, SelfRepetition] = field(default_factory=dict)
 
     def cell(self, method: str, task: str) -> Cell | None:
         return self.cells.get((method, task))
@@ -171,19 +173,19 @@ def summarize(rows: Sequence[ResultRow]) -> Summary:
         for task in (r.task, OVERALL):
             cell = cells.setdefault((r.method, task), Cell(r.method, task, r.peer))
             cell.add(r, ar, hf, ar_end)
-    ceiling = {}
+    ceiling, ceiling_ds = {}, {}
     for task in [*tasks, OVERALL]:
-        parts = [
-            SelfRepetition(**r.self_repetition)
-            for r in first.values()
-            if r.method == "ar" and r.self_repetition and (task == OVERALL or r.task == task)
-        ]
+        ars = [r for r in first.values() if r.method == "ar" and (task == OVERALL or r.task == task)]
+        parts = [SelfRepetition(**r.self_repetition) for r in ars if r.self_repetition]
         if parts:
             ceiling[task] = SelfRepetition.pool(parts)
+        parts = [SelfRepetition(**r.self_repetition_ds) for r in ars if r.self_repetition_ds]
+        if parts and len(parts) == len(ars):  # every input of the task, or none
+            ceiling_ds[task] = SelfRepetition.pool(parts)
     prompts = {t: len({r.prompt_id for r in rows if r.task == t}) for t in tasks}
     prompts[OVERALL] = len({r.prompt_id for r in rows})
     sessions = list(dict.fromkeys(r.session for r in rows))
-    return Summary(methods, tasks, cells, ceiling, prompts, sessions, drift)
+    return Summary(methods, tasks, cells, ceiling, prompts, sessions, drift, ceiling_ds)
 
 
 def common_rows(rows: Sequence[ResultRow]) -> list[ResultRow]:
