@@ -65,7 +65,7 @@ def test_answers_are_plain_decodings_and_resume(monkeypatch, capsys, tmp_path, t
 
 def test_benchmark_prompts_refused(monkeypatch, capsys, tmp_path, tiny_model_dir):
     prompts = write_prompts(tmp_path / "p.jsonl")
-    out = tmp_path / "answers.jsonl"
+    out = tmp_path / "new" / "folder" / "answers.jsonl"  # made on the way
     code, _, err = run_cli(monkeypatch, capsys, "datastore", "generate", "--model", tiny_model_dir, "--prompts", prompts,
                            "--out", str(out), "--method", "ar", "--max-new-tokens", "4", "--exclude-suite", prompts)
     assert code == 0, err

@@ -110,6 +110,7 @@ def generate_answers(
             todo.append(p)
     if out_path.exists():
         _drop_partial_last_line(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     has_template = bool(getattr(decoder.tokenizer, "chat_template", None))
     bar = _progress(progress)
     t0 = time.perf_counter()
@@ -142,9 +143,12 @@ def _drop_partial_last_line(path: Path) -> None:
 def _progress(enabled: bool):
     if not enabled:
         return _NoBar()
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+    # on stderr, like every progress bar of the CLI: stdout stays for what a command prints
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+                    console=Console(stderr=True), transient=False)
 
 
 class _NoBar:
