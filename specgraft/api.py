@@ -337,7 +337,8 @@ class SpecDecoder:
     def resolved_config(self, config: GenerationConfig) -> dict[str, Any]:
         """What a run prints and records: method, generation config (budget resolved), options,
         dtypes, threads, attention implementations (``specgraft_sdpa``: ``models/attention.py``),
-        fused projection groups (``models/fusion.py``; 0 = the plain layout), CUDA graphs."""
+        fused projection groups (``models/fusion.py``; 0 = the plain layout), CUDA graphs, the
+        lean forward."""
         out = {
             "method": self.method,
             "generation": self.resolve(config).to_dict(),
@@ -350,6 +351,8 @@ class SpecDecoder:
             "fused_projections": fused_groups(self.model),
             # forwards replayed as CUDA graphs (``models/graphs.py``; on by default on a GPU)
             "cuda_graphs": replays_graphs(self.target),
+            # the decoder forward as one loop of Hugging Face's ops (``models/lean.py``; on a CPU)
+            "lean_forward": self.target.lean is not None,
         }
         if self.spec.needs_draft_model:
             out["draft_model"] = {

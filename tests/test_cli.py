@@ -102,6 +102,7 @@ def test_generate_draft_tree(monkeypatch, capsys, tiny_model_dir, tiny_draft_dir
     expected_numerics = "int8" if cpu else "bfloat16"
     assert config["draft_model"].pop("fused_projections") > 0 and config["fused_projections"] > 0  # fused on CPU and GPU
     assert config["cuda_graphs"] == (not cpu)  # forwards replayed as CUDA graphs on a GPU only
+    assert config["lean_forward"] == cpu  # the decoder forward as one loop on a CPU (models/lean.py)
     assert config["draft_model"] == {
         "name_or_path": tiny_draft_dir, "dtype": "float32", "numerics": expected_numerics, "attention": "specgraft_sdpa" if cpu else "sdpa"
     }
