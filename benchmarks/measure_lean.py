@@ -5,8 +5,8 @@ Two parts, the two forwards alternating so drift hits them alike:
 1. **Forward cost**: the int8 0.5B draft and the fp32 1.5B target, ``--context`` cached tokens,
    a chain of 8 one-row forwards (the draft's extension) and one 16-row tree (a verify pass);
    medians over ``--repeats`` rounds.
-2. **End to end**: ``draft-tree`` on ``--prompts`` held-out prompts (Spec-Bench items 41+ of each
-   named task, HumanEval 100+), greedy, ``--max-new-tokens``; each round runs every prompt once
+2. **End to end**: ``draft-tree`` on held-out prompts (HumanEval 100+, then Spec-Bench item 41 of
+   each of ``--tasks``: ``measure_budget_gains.code_and_task_prompts``), greedy, ``--max-new-tokens``; each round runs every prompt once
    lean and once through Hugging Face (the order alternating by round); outputs must be equal.
 
     python benchmarks/measure_lean.py --rounds 2 --out benchmarks/results-lean/zen5.json
@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -73,10 +75,11 @@ def forward_costs(target, context: int, repeats: int) -> dict:
 
 
 def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from measure_budget_gains import code_and_task_prompts
     from specgraft.api import SpecDecoder
     from specgraft.bench.runner import conversation_ids
     from specgraft.methods import GraftOptions, MethodOptions
-    from specgraft.suites import DATA_DIR, read_prompt_file
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
@@ -104,11 +107,7 @@ def main() -> None:
                             "draft": forward_costs(targets[1], args.context, args.repeats)}
     print(json.dumps(result["forward_ms"]), flush=True)
 
-    by_task: dict[str, list] = {}
-    for p in read_prompt_file(DATA_DIR / "spec_bench.jsonl", "spec-bench"):
-        by_task.setdefault(p.task, []).append(p)
-    prompts = [by_task[t][40] for t in args.tasks.split(",") if t]
-    prompts += read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + args.code_prompts]
+    prompts = code_and_task_prompts(args.code_prompts, 1, [t for t in args.tasks.split(",") if t])
     has_template = bool(getattr(dec.tokenizer, "chat_template", None))
     ids = [conversation_ids(dec.tokenizer, p.turns[:1], [], p.chat and has_template) for p in prompts]
     set_lean(targets, saved, True)
@@ -135,8 +134,6 @@ def main() -> None:
     }
     print(json.dumps(result["end_to_end"]), flush=True)
     if args.out:
-        from pathlib import Path
-
         from specgraft.bench.environment import environment
 
         result["environment"] = environment("float32")
