@@ -28,7 +28,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-METHODS = ("ar", "pld", "recycling", "ptd", "draft-tree", "graft", "graft-prune", "graft-tail")
+METHODS = (
+    "ar", "pld", "recycling", "ptd", "draft-tree", "graft", "graft-prune", "graft-tail", "adapld", "adapld-full", "reader", "reader-widen",
+)
 
 
 def engines(model, draft, options: MethodOptions = MethodOptions()) -> dict[str, SpecEngine]:

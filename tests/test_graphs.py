@@ -90,6 +90,42 @@ def test_twin_forwards_equal_plain_forwards(arch):
     assert stats.captured >= 2 and stats.replayed >= 2 and stats.dropped >= 1 and stats.eager >= 2, stats  # every path ran
 
 
+@pytest.mark.parametrize("slots", [1, 3])
+def test_padded_rows_equal_unpadded_forwards(slots):
+    """Trees of 3, 5 and 4 rows padded up to 4, 8 and 4 rows (``DecoderGraphs.rows``) give the
+    plain forward's logits, hidden states and cache rows, and share keys: one per padded size."""
+    torch.manual_seed(0)
+    model = TINY_MODELS["qwen2"]()
+    plain, twin = HFTarget(model, capacity=64), HFTarget(model, capacity=64)
+    twin.graphs = DecoderGraphs(twin._decode, twin.cache, capture=False, kv_step=64, capture_after=1)
+    prompts = [[5 + (3 * i + j) % 70 for i in range(9 + 2 * j)] for j in range(slots)]
+    ids = {}
+    for t in (plain, twin):
+        ids[id(t)] = [t.allocate() for _ in prompts]
+        for s, p in zip(ids[id(t)], prompts):
+            t.prefill(s, p)
+    trees = [([9, 10, 11], [-1, 0, 0], [0, 2]), ([12, 13, 14, 15, 16], [-1, 0, 1, 1, 2], [0, 1, 2, 4]), ([17, 18, 19, 20], [-1, 0, 0, 2], [0])]
+    for toks, pars, keep in trees:
+        outs = []
+        for t in (plain, twin):
+            ss = ids[id(t)]
+            out = t.forward_batch(ss, [toks] * len(ss), [pars] * len(ss), output_hidden=True, hidden_layer=1)
+            for s in ss:
+                t.commit(s, keep)
+            outs.append(out)
+        for a, b in zip(*outs):
+            assert a.logits.shape == b.logits.shape == (len(toks), model.config.vocab_size)
+            torch.testing.assert_close(a.logits, b.logits, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(a.hidden, b.hidden, rtol=1e-5, atol=1e-5)
+    for a, b in zip(plain.cache.layers, twin.cache.layers, strict=True):
+        for sa, sb in zip(ids[id(plain)], ids[id(twin)]):
+            n = plain.length(sa)
+            assert n == twin.length(sb) and twin.cache.pending[sb] == 0
+            torch.testing.assert_close(a.values[sa, :, :n], b.values[sb, :, :n], rtol=1e-5, atol=1e-5)
+    assert sorted(key[1] for key in twin.graphs._graphs) == [4, 8]  # 3 and 4 rows share a graph
+    assert twin.graphs.stats.replayed == 1
+
+
 def test_twin_outputs_are_not_static_tensors():
     """What a forward returns stays valid after the next forward of the same key (a drafter
     may keep hidden states across steps)."""

@@ -17,6 +17,8 @@ are never seen, as rows past a slot's end never are in the eager path (``cache/s
 The cache writes through the same indexed path as an eager forward whose slots sit at
 different offsets (:class:`~specgraft.cache.slots.Write` with ``row_index`` given).
 
+- Rows are padded up to a power of two (:meth:`DecoderGraphs.rows`; ``pad_rows=False`` is the
+  unpadded twin), so trees of every size share a few keys.
 - A key runs eagerly until it has been seen ``capture_after`` times (default 2: prompt chunks
   and other one-off shapes are never captured); then its forward runs once more eagerly on a
   side stream with the static tensors (the warm-up CUDA graphs ask for; it is also this call's
@@ -135,6 +137,7 @@ class DecoderGraphs:
         kv_step: int = 256,
         capture_after: int = 2,
         max_graphs: int = 64,
+        pad_rows: bool = True,
     ):
         if kv_step < 1 or capture_after < 1 or max_graphs < 1:
             raise ValueError(f"kv_step, capture_after and max_graphs must be >= 1, got {kv_step}, {capture_after}, {max_graphs}")
@@ -144,6 +147,7 @@ class DecoderGraphs:
         self.kv_step = kv_step
         self.capture_after = capture_after
         self.max_graphs = max_graphs
+        self.pad_rows = pad_rows
         self.stats = GraphStats()
         self._graphs: OrderedDict[Key, _Graph] = OrderedDict()
         self._seen: Counter[Key] = Counter()
@@ -163,6 +167,26 @@ class DecoderGraphs:
         512
         """
         return min(-(-kv_len // self.kv_step) * self.kv_step, self.cache.capacity)
+
+    def rows(self, n: int) -> int:
+        """Rows a forward of ``n`` new rows per slot feeds: ``n`` rounded up to a power of two
+        (``n`` itself with ``pad_rows`` off). The caller pads each slot with rows that see only
+        themselves and are never kept (``HFTarget.forward_batch``).
+
+        A tree's size changes from step to step (prompt lookup keeps 1-17 rows, a draft tree
+        whatever its cut leaves), and every new ``(rows, bucket)`` key runs eagerly until it is
+        captured: on an H200 an eager forward of the 1.5B costs 17-50 ms against 5-7 ms replayed,
+        and the step traces of issue 13's prompts (``benchmarks/project_gpu.py``) saw 9-24 keys a
+        128-token generation. Padded, a generation meets at most a handful. Padding costs little
+        where graphs pay (the 1.5B's forward: 6.0 ms for 2 rows, 6.5 for 16, 7.0 for 64).
+
+        >>> g = DecoderGraphs(None, SlotCache(1, capacity=512))
+        >>> [g.rows(n) for n in (1, 2, 3, 5, 9, 17, 33, 100)]
+        [1, 2, 4, 8, 16, 32, 64, 128]
+        >>> DecoderGraphs(None, SlotCache(1, capacity=512), pad_rows=False).rows(5)
+        5
+        """
+        return 1 << (n - 1).bit_length() if self.pad_rows and n > 1 else n
 
     def clear(self) -> None:
         """Drop every graph (and what was counted towards capturing)."""

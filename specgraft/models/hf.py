@@ -478,13 +478,16 @@ class HFTarget:
         n_max = max(counts)
         if n_max == 0:
             return [RowsOutput(torch.empty(0, self.vocab_size, device=dev)) for _ in slots]
-        if self.plain_fast_path and n_max == 1 and min(counts) == 1 and not any(self.cache.pending[s] for s in slots):
+        # rows fed: with graphs, padded up to a few row counts (DecoderGraphs.rows), so trees of
+        # every size replay a handful of graphs instead of each new size running eagerly twice
+        n_rows = self.graphs.rows(n_max) if self.graphs is not None else n_max
+        if self.plain_fast_path and n_rows == 1 and min(counts) == 1 and not any(self.cache.pending[s] for s in slots):
             ids, positions, masks = self._plain_inputs(slots, toks)
         elif self.batched_tree_inputs and len(slots) > 1 and len({self.cache.pending[s] for s in slots}) == 1:
-            ids, positions, masks = self._batch_tree_inputs(slots, toks, pars, counts)
+            ids, positions, masks = self._batch_tree_inputs(slots, toks, pars, counts, n_rows)
         else:
-            ids, positions, masks = self._tree_inputs(slots, toks, pars, counts)
-        write = self.cache.set_write(slots, n_max)
+            ids, positions, masks = self._tree_inputs(slots, toks, pars, counts, n_rows)
+        write = self.cache.set_write(slots, n_rows)
         layer = hidden_layer if output_hidden else None
         try:
             if self.graphs is not None:
@@ -493,6 +496,8 @@ class HFTarget:
                 final, hidden = self._decode(slots, ids, positions, masks, layer)
         finally:
             self.cache.end_write(counts)
+        if n_rows > n_max:  # padding rows: no logits, no hidden states
+            final, hidden = final[:, :n_max], hidden[:, :n_max]
         if not any(starts):
             logits = self._logits(final)
             return [
@@ -504,11 +509,12 @@ class HFTarget:
         ]
 
     def _tree_inputs(
-        self, slots: Sequence[int], toks: list[torch.Tensor], pars: list[torch.Tensor], counts: list[int]
+        self, slots: Sequence[int], toks: list[torch.Tensor], pars: list[torch.Tensor], counts: list[int], n_rows: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``[B, n_max]`` ids and positions and the ``[B, 1, n_max, kv_len]`` mask of a
-        :meth:`forward_batch`, slot by slot; records each slot's new pending ancestor sets."""
-        dev, n_max = self.device, max(counts)
+        :meth:`forward_batch`, slot by slot; records each slot's new pending ancestor sets.
+        ``n_max`` is ``n_rows`` (default ``max(counts)``): each slot's rows past its count are padding."""
+        dev, n_max = self.device, n_rows or max(counts)
         kv_len = max(self.length(s) + self.cache.pending[s] for s in slots) + n_max
         min_value = torch.finfo(self.dtype).min
         masks, positions, ids, seen_sets = [], [], [], []
@@ -534,7 +540,7 @@ class HFTarget:
         return torch.stack(ids), torch.stack(positions), torch.stack(masks)[:, None]
 
     def _batch_tree_inputs(
-        self, slots: Sequence[int], toks: list[torch.Tensor], pars: list[torch.Tensor], counts: list[int]
+        self, slots: Sequence[int], toks: list[torch.Tensor], pars: list[torch.Tensor], counts: list[int], n_rows: int | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`_tree_inputs` for slots that all hold ``P`` pending rows (a batch's verify pass:
         none; a draft model's batch drafting one depth after another: as many), built for all
@@ -544,18 +550,19 @@ class HFTarget:
         tensors; ``batched_tree_inputs = False`` takes the slot-by-slot path (the twin the tests
         compare with).
 
-        Each slot's rows are padded to ``n = max(counts)`` with parent -1: a padding row sees
-        only itself (at column ``length + P + i``, as in :meth:`_tree_inputs`) and no real row
-        sees it, so slot ``b``'s real rows get exactly its own ancestor sets.
+        Each slot's rows are padded to ``n = n_rows`` (default ``max(counts)``) with parent -1: a
+        padding row sees only itself (at column ``length + P + i``, as in :meth:`_tree_inputs`)
+        and no real row sees it, so slot ``b``'s real rows get exactly its own ancestor sets.
         """
-        dev, n = self.device, max(counts)
+        dev, n = self.device, n_rows or max(counts)
         p = self.cache.pending[slots[0]]
         b = len(slots)
         committed = [self.length(s) for s in slots]
         kv_len = max(committed) + p + n
         # [B, n] ids and parents, padded (token 0, parent -1)
-        ids = torch.nn.utils.rnn.pad_sequence(toks, batch_first=True, padding_value=0)
-        parents = torch.nn.utils.rnn.pad_sequence(pars, batch_first=True, padding_value=-1)
+        pad = n - max(counts)
+        ids = torch.nn.functional.pad(torch.nn.utils.rnn.pad_sequence(toks, batch_first=True, padding_value=0), (0, pad), value=0)
+        parents = torch.nn.functional.pad(torch.nn.utils.rnn.pad_sequence(pars, batch_first=True, padding_value=-1), (0, pad), value=-1)
         # [B, P, P] -> [B, n, P + n] pending rows each new row sees
         old = torch.stack([self._ancestors[s] for s in slots])
         seen = pending_ancestors(old, parents)
