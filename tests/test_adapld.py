@@ -66,6 +66,27 @@ def test_reranking_picks_the_anchor_whose_preceding_state_matches():
     assert drafter(min_prob=0.0, branches=False).propose(state_for(tokens0, hidden0), tokens0, 64).tokens == [2, 5]
 
 
+def test_kept_search_set_finds_what_the_plain_twin_finds():
+    """The semantic fallback over ``state.seen`` (distinct tokens kept as the memory grows) gives
+    the plain twin's candidates for every query and end, at every memory length."""
+    rng = np.random.default_rng(0)
+    emb = torch.randn(40, 8)
+    emb[20:] = emb[:20] + 0.3 * torch.randn(20, 8)  # near neighbours, so the fallback finds some
+    d = AdaPLDDrafter(emb, 1, AdaPLDConfig(threshold=0.7))
+    full = rng.integers(0, 40, 120)
+    st = state_for(full[:1], [E1], [[0, 1, 2]], [[0.6, 0.3, 0.1]])
+    semantic = 0
+    for length in range(1, len(full) + 1):
+        mem = full[:length]
+        for end in {length - 1, length // 2, 1}:
+            for query in rng.integers(0, 40, 6):
+                kept, lex = d.candidates(st, mem, int(query), end)
+                plain, plex = d.candidates_plain(mem, int(query), end)
+                assert lex == plex and kept.tolist() == plain.tolist(), (length, end, query)
+                semantic += not lex and len(kept) > 0
+    assert semantic > 50 and st.seen.n == len(set(full.tolist()))
+
+
 def test_semantic_fallback_only_without_a_lexical_anchor():
     emb = torch.zeros(16, 4)
     emb[3] = torch.tensor([1.0, 0, 0, 0])
@@ -74,18 +95,19 @@ def test_semantic_fallback_only_without_a_lexical_anchor():
     emb[9] = torch.tensor([0, 0, 1.0, 0])
     d = AdaPLDDrafter(emb, 1, AdaPLDConfig(threshold=0.8, min_prob=0.0))
     mem = np.array([5, 4, 9, 5, 3])
-    cands, lexical = d.candidates(mem, 3, 4)
-    assert not lexical and cands.tolist() == [1]
-    cands, lexical = d.candidates(mem, 5, 4)
-    assert lexical and cands.tolist() == [0, 3]
-    assert d.candidates(mem, 3, 4)[0].tolist() == [1]
-    off = AdaPLDDrafter(emb, 1, AdaPLDConfig(threshold=0.8, fallback=False))
-    assert off.candidates(mem, 3, 4)[0].tolist() == []
-    # a semantic anchor gives no main copy, only branches from its distribution
     hidden = [E1] * 4
     top_ids = [[0, 1, 2]] * 4
     top_ids[1] = [7, 8, 6]
     top_probs = [[0.6, 0.3, 0.1]] * 4
+    st = state_for(mem, hidden, top_ids, top_probs)
+    cands, lexical = d.candidates(st, mem, 3, 4)
+    assert not lexical and cands.tolist() == [1]
+    cands, lexical = d.candidates(st, mem, 5, 4)
+    assert lexical and cands.tolist() == [0, 3]
+    assert d.candidates(st, mem, 3, 4)[0].tolist() == [1]
+    off = AdaPLDDrafter(emb, 1, AdaPLDConfig(threshold=0.8, fallback=False))
+    assert off.candidates(st, mem, 3, 4)[0].tolist() == []
+    # a semantic anchor gives no main copy, only branches from its distribution
     st = state_for(mem, hidden, top_ids, top_probs)
     draft = AdaPLDDrafter(emb, 1, AdaPLDConfig(threshold=0.8, min_prob=0.0, successors=False, branch_k=3)).propose(st, mem.tolist(), 64)
     assert draft.tokens == [7, 8, 6] and draft.parents == [-1, -1, -1]

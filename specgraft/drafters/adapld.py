@@ -179,6 +179,63 @@ class Proposal(NamedTuple):
 
 
 @dataclass
+class SeenTokens:
+    """The distinct tokens of a memory in order of first appearance, with their first positions
+    and unit input embeddings, grown as the memory grows: the semantic fallback's search set.
+
+    Rows are appended in order of first position, so the distinct tokens of ``mem[:end]`` are
+    the first ``searchsorted(first, end)`` rows (what ``np.unique(mem[:end])`` lists, in
+    another order) and the fallback is one matrix-vector product over a kept array instead of
+    a fresh ``[distinct, H]`` stack of every distinct token's embedding at every lookup.
+
+    >>> seen = SeenTokens.empty(2)
+    >>> seen.extend(np.array([7, 3, 7, 9]), lambda toks: np.eye(2, dtype=np.float32)[[t % 2 for t in toks]])
+    >>> seen.tokens[: seen.n].tolist(), seen.first[: seen.n].tolist(), seen.upto(3)
+    ([7, 3, 9], [0, 1, 3], 2)
+    """
+
+    tokens: np.ndarray  # [cap] int64
+    first: np.ndarray  # [cap] int64, ascending
+    units: np.ndarray  # [cap, H] float32
+    n: int = 0
+    scanned: int = 0  # memory positions looked at
+    index: set[int] = field(default_factory=set)
+
+    @classmethod
+    def empty(cls, hidden_size: int) -> "SeenTokens":
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, hidden_size), np.float32))
+
+    def extend(self, mem: np.ndarray, unit_embeddings: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Take in ``mem[scanned:]``: the tokens not seen before, their embeddings in one batch."""
+        new, first = [], []
+        for j in range(self.scanned, len(mem)):
+            t = int(mem[j])
+            if t not in self.index:
+                self.index.add(t)
+                new.append(t)
+                first.append(j)
+        self.scanned = len(mem)
+        if not new:
+            return
+        m = self.n + len(new)
+        if m > len(self.tokens):
+            cap = max(2 * len(self.tokens), m, 64)
+            for name in ("tokens", "first", "units"):
+                old = getattr(self, name)
+                grown = np.zeros((cap, *old.shape[1:]), dtype=old.dtype)
+                grown[: self.n] = old[: self.n]
+                setattr(self, name, grown)
+        self.tokens[self.n : m] = new
+        self.first[self.n : m] = first
+        self.units[self.n : m] = unit_embeddings(np.asarray(new, dtype=np.int64))
+        self.n = m
+
+    def upto(self, end: int) -> int:
+        """How many distinct tokens ``mem[:end]`` holds (a prefix of the rows)."""
+        return int(np.searchsorted(self.first[: self.n], end))
+
+
+@dataclass
 class AdaPLDState:
     """One sequence's memory: tokens, unit hidden states and the target's top-k per position.
 
@@ -199,6 +256,8 @@ class AdaPLDState:
     prompt_final: torch.Tensor | None = None
     # [cap] bool: top_ids/top_probs of the position are filled
     has_top: np.ndarray | None = None
+    # the memory's distinct tokens and their unit embeddings (the semantic fallback), built on first use
+    seen: SeenTokens | None = None
 
     def sync(self, context: Sequence[int]) -> np.ndarray:
         if len(context) > len(self.tokens):
@@ -341,8 +400,26 @@ class AdaPLDDrafter(StatelessDrafter):
             self._unit_embedding.update(zip(missing, rows, strict=True))
         return np.stack([self._unit_embedding[int(t)] for t in tokens]) if len(tokens) else np.zeros((0, self.embeddings.shape[1]), np.float32)
 
-    def candidates(self, mem: np.ndarray, query: int, end: int) -> tuple[np.ndarray, bool]:
-        """Positions ``j < end`` to anchor ``query`` at, and whether they are lexical (eq. 3-5)."""
+    def candidates(self, state: AdaPLDState, mem: np.ndarray, query: int, end: int) -> tuple[np.ndarray, bool]:
+        """Positions ``j < end`` to anchor ``query`` at, and whether they are lexical (eq. 3-5):
+        the earlier positions of ``query`` itself, else (the semantic fallback) those of every
+        distinct earlier token whose input embedding has cosine >= ``threshold`` with it. The
+        distinct tokens and their embeddings are kept in ``state.seen`` as the memory grows;
+        :meth:`candidates_plain` is the twin that recomputes them at every call."""
+        lexical = np.flatnonzero(mem[:end] == query)
+        if len(lexical) or not self.config.fallback or end == 0:
+            return lexical, True
+        if state.seen is None:
+            state.seen = SeenTokens.empty(self.embeddings.shape[1])
+        state.seen.extend(mem, self.unit_embeddings)
+        k = state.seen.upto(end)
+        sims = state.seen.units[:k] @ self.unit_embeddings(np.array([query]))[0]
+        close = state.seen.tokens[:k][sims >= self.config.threshold]
+        return np.flatnonzero(np.isin(mem[:end], close)), False
+
+    def candidates_plain(self, mem: np.ndarray, query: int, end: int) -> tuple[np.ndarray, bool]:
+        """:meth:`candidates` computed from scratch (the distinct tokens of ``mem[:end]`` and all
+        their embeddings at every call): the plain twin the tests compare it with."""
         lexical = np.flatnonzero(mem[:end] == query)
         if len(lexical) or not self.config.fallback or end == 0:
             return lexical, True
@@ -390,7 +467,7 @@ class AdaPLDDrafter(StatelessDrafter):
         keys: list[tuple[int, int, float]] = []
         probs: list[float] = []
         state.last = None
-        cands, lexical = self.candidates(mem, int(mem[t]), t)
+        cands, lexical = self.candidates(state, mem, int(mem[t]), t)
         if not len(cands):
             state.anchors["none"] += 1
             return Draft(source=self.name, tokens=[], parents=[], scores=[])
@@ -444,7 +521,7 @@ class AdaPLDDrafter(StatelessDrafter):
         """The one successor of branch token ``branch`` (eq. 13-15): the token after the earlier
         position of ``branch`` (lexical first, else the semantic fallback) whose preceding state
         is closest to the anchor's; None when ``branch`` has no earlier position."""
-        cands, _ = self.candidates(mem, branch, t)  # x_{j+1} must exist: j <= t - 1
+        cands, _ = self.candidates(state, mem, branch, t)  # x_{j+1} must exist: j <= t - 1
         if not len(cands):
             return None
         return int(mem[self.select(state, cands, anchor) + 1])
