@@ -468,15 +468,18 @@ def project(args) -> None:
     totals: dict[tuple[str, str], dict] = defaultdict(lambda: defaultdict(float))
     for r in cpu:
         v = r["variant"]
-        if v not in base:
-            raise SystemExit(f"variant {v} has no GPU trace ({args.gpu})")
+        h = v if v in base else r["method"]  # a variant without a GPU trace takes its method's host work
+        if h not in base:
+            raise SystemExit(f"variant {v} (method {r['method']}) has no GPU trace ({args.gpu})")
         if r["prompt"] in ar_tokens and r["tokens"] != ar_tokens[r["prompt"]]:
             raise SystemExit(f"{r['prompt']} {v}: tokens differ from ar's")
         n_draft = sum(len(s["draft_rows"]) for s in r["steps"])
-        host = base[v] * len(r["steps"]) + per_draft * n_draft
-        host += start_host.get(v, 0.0)
+        host = base[h] * len(r["steps"]) + per_draft * n_draft
+        host += start_host.get(h, 0.0)
         times = {}
         for setting in settings:
+            if not device[r["prompt"], v, setting]:
+                raise SystemExit(f"{r['prompt']} {v}: not in the replay ({setting}); project it without --replay")
             times[setting] = statistics.fmean(device[r["prompt"], v, setting]) + host
         steady, context = 0.0, r["prompt_tokens"] - 1
         for s in r["steps"]:
