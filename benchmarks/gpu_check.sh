@@ -14,9 +14,13 @@
 #      same models (measure_fusion.py; loaders fuse on CPU and GPU since the H100 run said so);
 #   6. (stage `graphs`) CUDA graphs of the forwards against eager ones: ar and draft-tree on one
 #      prompt, HF generate beside them, batched ar steps (measure_cuda_graphs.py).
+#   7. (stage `projection`) issue 13's CPU step traces on this GPU (project_gpu.py): their forwards
+#      replayed with the graphs' rows padded and not, and the model-free variants forced onto the
+#      real text for their host work; `project_gpu.py project` then prices them (RESULTS,
+#      *Issue 13 on a GPU*).
 #
 # Usage on the device (configs: folders with config.json + tokenizer files, carried along):
-#   OUT=/some/dir CONFIGS=.gpu/configs [STAGES=tests,profile,bench,serve,attention,fusion,graphs] bash benchmarks/gpu_check.sh
+#   OUT=/some/dir CONFIGS=.gpu/configs [STAGES=tests,profile,bench,serve,attention,fusion,graphs,projection] bash benchmarks/gpu_check.sh
 set -u
 OUT=${OUT:?set OUT}
 CONFIGS=${CONFIGS:-.gpu/configs}
@@ -50,7 +54,7 @@ cat "$RES/machine.txt"
 want tests && stage cuda-tests 150 $PY -m pytest -m cuda tests/test_cuda.py -p no:cacheprovider -p no:warnings -q
 
 MODELS=$(ls "$CONFIGS")
-want profile || want bench || want serve || want attention || want fusion || want graphs && stage random-models 90 $PY benchmarks/random_models.py $(for m in $MODELS; do echo "$CONFIGS/$m"; done) --out "$WORK/models"
+want profile || want bench || want serve || want attention || want fusion || want graphs || want projection && stage random-models 90 $PY benchmarks/random_models.py $(for m in $MODELS; do echo "$CONFIGS/$m"; done) --out "$WORK/models"
 want profile && for m in $MODELS; do
     stage "profile-$m" 45 $PY -m specgraft.cli profile --model "$WORK/models/$m" --device "$DEVICE" --dtype bfloat16 \
         ${PROFILE_ARGS:---batch-sizes 1,2,4,8,16,32 --rows 1,2,4,8,16,32,64 --reps 5}
@@ -70,5 +74,14 @@ if [ -d "$TARGET" ] && [ -d "$DRAFT" ]; then
         --repeats 20 --model "$TARGET" --draft-model "$DRAFT" --out "$RES/fusion.json"
     want graphs && stage graphs 170 $PY benchmarks/measure_cuda_graphs.py --model "$TARGET" --draft-model "$DRAFT" \
         --tokens 64 --repeats 3 --out "$RES/cuda-graphs.json"
+    P=benchmarks/results-issue13/gpu-projection
+    want projection && stage replay-reader 150 $PY benchmarks/project_gpu.py replay --trace $P/cpu-reader.jsonl \
+        --model "$TARGET" --draft-model "$DRAFT" --out "$RES/replay-reader.jsonl"
+    want projection && stage forced-adapld 70 $PY benchmarks/project_gpu.py trace --model "$TARGET" --device "$DEVICE" \
+        --dtype bfloat16 --force $P/cpu-adapld.jsonl --suite benchmarks/results-issue13/input_guided.jsonl,code-edit:4 \
+        --variants "ar,pld,adapld,adapld-rerank-only,adapld-full,pld-gpu=pld:min_prob=0.02:budget=64,adapld-gpu=adapld:min_prob=0.02:budget=64" \
+        --out "$RES/forced-adapld.jsonl"
+    want projection && stage replay-adapld 90 $PY benchmarks/project_gpu.py replay --trace $P/cpu-adapld.jsonl \
+        --model "$TARGET" --out "$RES/replay-adapld.jsonl"
 fi
 ls -la "$OUT"   # one archive: $OUT brings back at most 8 files
