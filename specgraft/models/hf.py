@@ -450,9 +450,10 @@ class HFTarget:
         prefill as a chain in the first step's forward (:meth:`SpecEngine.start`) and needs no
         ``[T, V]`` logits for it (~20 ms a row for a 1.5B model's 152k-token head on a 2-core CPU).
 
-        Each slot's rows are padded to the longest; padding rows see only themselves, are
-        written past the slot's pending rows and never become pending, so nothing ever sees
-        them. The mask is ``[B, 1, n_max, kv_len]`` with each slot's own committed length.
+        Each slot's rows are padded to the longest (with CUDA graphs, further up to a power of
+        two: :meth:`DecoderGraphs.rows <specgraft.models.graphs.DecoderGraphs.rows>`); padding
+        rows see only themselves, are written past the slot's pending rows and never become
+        pending, so nothing ever sees them. The mask is ``[B, 1, n_max, kv_len]`` with each slot's own committed length.
         Everything is checked and every mask built before any state changes, so an error
         leaves every slot as it was.
 
