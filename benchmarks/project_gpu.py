@@ -425,9 +425,10 @@ def one_row_costs(trace: list[dict]) -> dict[int, float]:
 
 def project(args) -> None:
     """Projected GPU seconds of every CPU-traced generation, three ways: its forwards replayed on
-    the GPU as today's engine feeds them (``unpadded``) and with the graphs' rows padded
-    (``padded``), each plus the host model; and every forward at the cost table's steady-state
-    price (all graphs captured; with ``--context-trace``, moved to each step's key length). Speedups are ``ar``'s projected time over the variant's."""
+    the GPU with the graphs' rows unpadded and padded (``unpadded``, ``padded``), each plus the
+    host model; and every forward at the cost table's steady-state price (all graphs captured;
+    with ``--context-trace``, moved to each step's key length). Speedups are ``ar``'s projected
+    time over the variant's, per task and overall."""
     cpu = [json.loads(l) for f in args.cpu for l in open(f)]
     gpu = [json.loads(l) for f in args.gpu for l in open(f)]
     replayed = [json.loads(l) for f in args.replay for l in open(f)] if args.replay else []
@@ -456,12 +457,11 @@ def project(args) -> None:
         device[r["prompt"], r["variant"], r["setting"]].append(min(start_dev[r["prompt"], r["variant"]]) + r["steps_s"])
     # the start's host work (a drafter's begin: AdaPLD's prompt hidden states, READER's trie): the
     # median over prompts of the GPU trace's start less its replayed prefill
-    start_host: dict[str, float] = {}
     by_v: dict[str, list[float]] = defaultdict(list)
     for (prompt, v), s in gpu_start.items():
         if (prompt, v) in start_dev:
             by_v[v].append(max(0.0, s - min(start_dev[prompt, v])))
-    start_host = {v: statistics.median(xs) for v, xs in by_v.items()}
+    start_host: dict[str, float] = {v: statistics.median(xs) for v, xs in by_v.items()}
     settings = sorted({r["setting"] for r in replayed}, reverse=True)  # unpadded, padded
     ar_tokens = {r["prompt"]: r["tokens"] for r in cpu if r["method"] == "ar"}
     columns = [*settings, "steady"]

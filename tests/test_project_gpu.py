@@ -97,7 +97,10 @@ def test_a_forced_target_emits_the_recorded_tokens_under_every_method():
 
 def test_host_model_separates_per_step_and_per_draft_forward_work():
     pg = _module()
-    step = lambda n, host: {"wall_s": 0.01 + 0.005 * n + host, "target_s": 0.01, "draft_s": 0.005 * n, "draft_rows": [1] * n}
+
+    def step(n: int, host: float) -> dict:  # n draft forwards of 5 ms, a 10 ms target forward, host seconds
+        return {"wall_s": 0.01 + 0.005 * n + host, "target_s": 0.01, "draft_s": 0.005 * n, "draft_rows": [1] * n}
+
     gpu = [
         {"variant": "a", "steps": [step(0, 0.0)] + [step(1, 0.002 + 0.001)] * 5},
         {"variant": "b", "steps": [step(0, 0.0)] + [step(8, 0.001 + 0.008)] * 5},
