@@ -39,7 +39,7 @@ random models of ``random_models.py``; ``results-issue13/gpu-projection/gpu_run*
 
 A variant is ``METHOD[:key=value...]`` (``NAME=METHOD...`` names it): ``budget=N``, ``preset=P``
 (draft-model methods), else a field of the method's config (``PLDConfig``, ``AdaPLDConfig``,
-``ReaderConfig``); values are JSON (``min_prob=0.02``, ``d_search=16``).
+``ReaderConfig``); values are numbers or names (``min_prob=0.02``, ``d_search=16``, ``preset=gpu``).
 """
 
 from __future__ import annotations
@@ -57,25 +57,15 @@ from pathlib import Path
 
 
 def parse_variant(text: str) -> tuple[str, str, dict, int | None]:
-    """``"g=adapld:min_prob=0.02:budget=64"`` -> ``("g", "adapld", {"min_prob": 0.02}, 64)``."""
+    """``"g=adapld:min_prob=0.02:budget=64"`` -> ``("g", "adapld", {"min_prob": 0.02}, 64)``: an
+    optional ``NAME=`` before ``measure_draft_extension.parse_variant``'s ``METHOD[:key=value...]``
+    (unnamed, the variant is named by its text)."""
+    from measure_draft_extension import parse_variant as parse_method
+
     name, eq, spec = text.partition("=")
     if not eq or ":" in name:
         name, spec = text, text
-    method, *parts = spec.split(":")
-    fields: dict = {}
-    budget = None
-    for part in parts:
-        key, sep, value = part.partition("=")
-        if not sep:
-            raise SystemExit(f"variant {text!r}: {part!r} is not key=value")
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            parsed = value
-        if key == "budget":
-            budget = int(parsed)
-        else:
-            fields[key] = parsed
+    method, fields, budget = parse_method(spec)
     return name, method, fields, budget
 
 
@@ -188,12 +178,12 @@ def trace(args) -> None:
     from specgraft.bench.runner import conversation_ids
     from specgraft.config import GenerationConfig
     from specgraft.machine import cpu_model
-    from specgraft.methods import GraftOptions, MethodOptions
+    from specgraft.methods import GraftOptions, MethodOptions, get_method
     from specgraft.suites import load_suite
 
     torch.set_num_threads(args.threads)
     variants = [parse_variant(v) for v in args.variants.split(",")]
-    needs_draft = any(m in ("draft-tree", "reader", "reader-widen", "reader-trie") or m.startswith("graft") for _, m, _, _ in variants)
+    needs_draft = any(get_method(m).needs_draft_model for _, m, _, _ in variants)
     graft = GraftOptions(draft_model=args.draft_model, draft_dtype=args.dtype) if needs_draft else GraftOptions()
     base = SpecDecoder.from_pretrained(args.model, method="ar", dtype=args.dtype, device=args.device, progress=False,
                                        options=MethodOptions(graft=graft))
@@ -328,16 +318,16 @@ def replay(args) -> None:
     method); passes of the settings alternate. One JSONL line per record, setting and round."""
     import torch
 
-    from specgraft.models.hf import HFTarget, load_causal_lm
+    from specgraft.models.hf import HFTarget
 
     records = [json.loads(l) for f in args.trace for l in open(f)]
     records = [r for r in records if args.variants is None or r["variant"] in args.variants.split(",")]
     by_variant: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         by_variant[r["variant"]].append(r)
-    target = HFTarget(load_causal_lm(args.model, args.dtype, args.device))
+    target = HFTarget.from_pretrained(args.model, args.dtype, args.device)
     needs_draft = any(s["draft_rows"] for r in records for s in r["steps"])
-    draft = HFTarget(load_causal_lm(args.draft_model, args.dtype, args.device)) if needs_draft else None
+    draft = HFTarget.from_pretrained(args.draft_model, args.dtype, args.device) if needs_draft else None
     models = [m for m in (target, draft) if m is not None and m.graphs is not None]
     generator = torch.Generator().manual_seed(0)
     settings = {"padded": True, "unpadded": False}

@@ -613,7 +613,8 @@ def _write_run_info(cfg: BenchConfig, suite: Suite, session: Session, notes: lis
     return info
 
 
-def _progress(console: Console, enabled: bool):
+def progress_bar(console: Console, enabled: bool):
+    """The CLI's progress bar for runs of many generations (off: every call is a no-op)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     columns = (
@@ -692,7 +693,7 @@ def run_suite(
     todo = sum(len(to_measure(cfg.run_methods, stored, p.id, t)) for p in suite.prompts for t in range(len(p.turns)))
     done, start = 0, time.perf_counter()
     generations: list[Generation] = []
-    with _progress(console, cfg.progress) as bar:
+    with progress_bar(console, cfg.progress) as bar:
         job = bar.add_task("bench", total=todo)
         for prompt in suite.prompts:
             chat = prompt.chat and has_template

@@ -95,7 +95,9 @@ def generate_answers(
     config; ``exclude(text) -> True`` refuses a prompt (benchmark prompts must not reach a
     datastore); ``extra``: fields added to every record (model, method).
     """
-    from specgraft.bench.runner import conversation_ids
+    from rich.console import Console
+
+    from specgraft.bench.runner import conversation_ids, progress_bar
 
     out_path = Path(out_path)
     done = answered_ids(out_path)
@@ -112,10 +114,10 @@ def generate_answers(
         _drop_partial_last_line(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     has_template = bool(getattr(decoder.tokenizer, "chat_template", None))
-    bar = _progress(progress)
     t0 = time.perf_counter()
-    with out_path.open("a", encoding="utf-8") as f, bar:
-        task = bar.add_task("answers", total=len(todo)) if progress else None
+    # on stderr, like every progress bar of the CLI: stdout stays for what a command prints
+    with out_path.open("a", encoding="utf-8") as f, progress_bar(Console(stderr=True), progress) as bar:
+        task = bar.add_task("answers", total=len(todo))
         for p in todo:
             ids = conversation_ids(decoder.tokenizer, p.turns[:1], [], p.chat and has_template)
             result = decoder.generate(ids, config=config)
@@ -128,8 +130,7 @@ def generate_answers(
             run.written += 1
             run.new_tokens += len(result.tokens)
             run.seconds = time.perf_counter() - t0
-            if task is not None:
-                bar.update(task, advance=1, description=f"answers ({run.tokens_per_s:.1f} tokens/s)")
+            bar.update(task, advance=1, description=f"answers ({run.tokens_per_s:.1f} tokens/s)")
     return run
 
 
@@ -138,22 +139,3 @@ def _drop_partial_last_line(path: Path) -> None:
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         path.write_bytes(data[: data.rfind(b"\n") + 1])
-
-
-def _progress(enabled: bool):
-    if not enabled:
-        return _NoBar()
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    # on stderr, like every progress bar of the CLI: stdout stays for what a command prints
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                    console=Console(stderr=True), transient=False)
-
-
-class _NoBar:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
