@@ -107,6 +107,9 @@ class SequenceState:
     unfilled: list[int] = field(default_factory=list)
     """Prompt tokens not yet in the target's cache: a fused start (:meth:`SpecEngine.start`)
     feeds them as a chain ahead of the root in the first step's forward, then this is empty."""
+    deferred_prefill: bool = False
+    """A fused start whose drafters' prefill outputs (hidden states) come with the first step's
+    forward (``StepResult.prefill``); False once delivered."""
 
 
 class SpecEngine:
@@ -136,8 +139,11 @@ class SpecEngine:
         self.hidden_layer = layers.pop() if layers else None
         self.last_stats = GenerationStats(method=self.method)
         # prompts up to this many tokens (the root excluded) may be prefilled in the first
-        # step's forward (:meth:`start`); 0 = always prefill apart
-        self.fuse_prefill_max = 512
+        # step's forward (:meth:`start`); 0 = always prefill apart. On a CPU the fused chain's
+        # attention (an explicit tree mask) outgrows the saved forward past ~350 tokens (1.5B,
+        # 2-core Zen 5: 260-300-token prompts 0.04-0.37 s faster fused, a 385-token one 0.13-0.30 s
+        # slower, 700-1,060 tokens 0.5-1.5 s slower; benchmarks/RESULTS.md); a GPU keeps 512
+        self.fuse_prefill_max = 320 if str(getattr(target, "device", "cpu")).startswith("cpu") else 512
 
     def _now(self) -> float:
         """Wall time after the device's queued work (a GPU timer must not read launch times)."""
@@ -198,6 +204,11 @@ class SpecEngine:
         first verified tokens, as a separate prefill counted it up to the prompt's end). A batch
         passes ``False``: its other sequences' trees would be padded to the prompt's length.
 
+        A drafter that asks for hidden states only and sets ``deferred_prefill`` (AdaPLD) does
+        not stop the fusing: the first step's forward returns the prompt rows' hidden states
+        (``forward_batch(fill_outputs=True)``) and the drafter gets them with its first
+        ``observe`` (``StepResult.prefill``), having proposed its first tree without them.
+
         ``speculative=False`` is for a sequence expected to decode plainly (a batch where
         speculation does not pay): the prefill skips what drafters marked ``prefill_optional``
         asked for (Token Recycling's top-k successors of every prompt token, 25-40% of a 1.5B
@@ -206,8 +217,9 @@ class SpecEngine:
         """
         seq, request = self._open(prompt, config, speculative)
         try:
-            if fuse_prefill and request == PrefillRequest() and len(prompt) - 1 <= self.fuse_prefill_max:
-                seq.unfilled, prefill = list(prompt[:-1]), PrefillOutput()
+            if fuse_prefill and self.can_fuse(request) and len(prompt) - 1 <= self.fuse_prefill_max:
+                seq.unfilled, seq.deferred_prefill = list(prompt[:-1]), request != PrefillRequest() and len(prompt) > 1
+                prefill = PrefillOutput(deferred=seq.deferred_prefill)
             else:
                 prefill = self.target.prefill(seq.slot, list(prompt[:-1]), request)
             self._begin(seq, prompt, prefill, speculative)
@@ -215,6 +227,18 @@ class SpecEngine:
             self.finish(seq)
             raise
         return seq
+
+    def can_fuse(self, request: PrefillRequest) -> bool:
+        """Whether a start with this prefill request may feed the prompt in the first step's
+        forward: nothing is asked, or only what a forward returns (hidden states) of drafters
+        that can wait for it (``deferred_prefill``) from a target that returns it."""
+        if request == PrefillRequest():
+            return True
+        return (
+            request.fusable
+            and getattr(self.target, "fill_outputs", False)
+            and all(getattr(d, "deferred_prefill", False) or d.prefill_request() == PrefillRequest() for d in self.drafters)
+        )
 
     def start_many(
         self, starts: Sequence[tuple[Sequence[int], GenerationConfig, bool]]
@@ -357,7 +381,9 @@ class SpecEngine:
         fills = [len(seq.unfilled) for _, seq, _, _ in live]
         rows = [[*seq.unfilled, seq.context[-1], *tree.tokens] for (_, seq, _, _), tree in zip(live, trees)]
         parents = [[*range(-1, k - 1), k - 1, *(p + 1 + k for p in tree.parents)] for k, tree in zip(fills, trees)]
-        kw = {"logits_from": fills} if any(fills) else {}
+        kw: dict[str, Any] = {"logits_from": fills} if any(fills) else {}
+        if any(seq.deferred_prefill for _, seq, _, _ in live):
+            kw["fill_outputs"] = True
         outs = self.target.forward_batch(
             [seq.slot for _, seq, _, _ in live], rows, parents, output_hidden=self.needs_hidden, hidden_layer=self.hidden_layer, **kw
         )
@@ -383,7 +409,11 @@ class SpecEngine:
         self.target.commit(seq.slot, [*range(k), k, *(k + 1 + i for i in result.accepted)])
         seq.unfilled = []
         t4 = self._now()
-        step = StepResult(root_token=seq.context[-1], tree=tree, verify=result, logits=out.logits, context=seq.context, hidden=out.hidden)
+        step = StepResult(
+            root_token=seq.context[-1], tree=tree, verify=result, logits=out.logits, context=seq.context, hidden=out.hidden,
+            prefill=out.fill if seq.deferred_prefill else None,
+        )
+        seq.deferred_prefill = False
         new = step.new_tokens
         seq.context.extend(new)
         self.observe(seq, step)

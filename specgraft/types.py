@@ -204,6 +204,17 @@ class PrefillRequest:
     compute the logits of the few positions it needs (``HFTarget.logits_of``) instead of the
     whole prompt's ``[T, V]``."""
 
+    @property
+    def fusable(self) -> bool:
+        """Whether a fused start's first forward can deliver it (``SpecEngine.start``): hidden
+        states of any layer come with every forward; successor top-k would need the prompt's
+        ``[T, V]`` logits, which a fused forward does not compute.
+
+        >>> PrefillRequest(hidden=True, hidden_layer=3, final_hidden=True).fusable, PrefillRequest(topk=8).fusable
+        (True, False)
+        """
+        return self.topk == 0 and not self.topk_probs
+
     def union(self, other: "PrefillRequest") -> "PrefillRequest":
         """
         >>> PrefillRequest(topk=8).union(PrefillRequest(hidden=True))
@@ -235,6 +246,10 @@ class PrefillOutput:
     # seconds spent on ``topk`` (the whole prompt's logits and their top-k), beyond the cache
     # fill itself: what a drafter marked ``prefill_optional`` costs a sequence at its start
     topk_s: float = 0.0
+    # True on a fused start (``SpecEngine.start``): the prompt was not prefilled apart and the
+    # fields asked for arrive with the first step, as ``StepResult.prefill`` (only drafters
+    # with ``deferred_prefill`` get this)
+    deferred: bool = False
 
 
 @dataclass
@@ -246,6 +261,9 @@ class RowsOutput:
     # [n, H] or None: hidden states when asked for (the final layer's after the final norm, or
     # decoder layer ``hidden_layer``'s output)
     hidden: torch.Tensor | None = None
+    # what ``forward_batch(fill_outputs=True)`` returns of the rows fed before ``logits_from``
+    # (a fused start's prompt): their hidden states and final hidden states, or None
+    fill: PrefillOutput | None = None
 
 
 @dataclass
@@ -275,6 +293,9 @@ class StepResult:
     # [N + 1, H] or None: target hidden states (of the drafters' ``hidden_layer``), for drafters
     # with needs_hidden
     hidden: torch.Tensor | None = None
+    # the first step of a fused start whose drafters' prefill was deferred: the prompt's outputs
+    # (every prompt token but the last, as a prefill returns them); None otherwise
+    prefill: PrefillOutput | None = None
 
     @property
     def new_tokens(self) -> list[int]:

@@ -229,10 +229,11 @@ def test_seeded_sampling_equals_plain_sampling(name):
 
 def test_prompt_logits_on_demand_equal_a_full_forward():
     """The prefill keeps final hidden states, not the prompt's [T, V] logits; an anchor's top-k
-    computed from them on first use equals the full forward's."""
+    computed from them on first use equals the full forward's (through the target's own head:
+    ``anchor_logits="exact"``, the twin of the int8 drafting head)."""
     model = TINY_MODELS["llama"]()
     target = HFTarget(model)
-    drafter = build_adapld(target, AdaPLDConfig())
+    drafter = build_adapld(target, AdaPLDConfig(anchor_logits="exact"))
     request = drafter.prefill_request()
     assert request.topk == 0 and request.final_hidden
     prompt = [5, 9, 12, 5, 40, 33, 5]
@@ -325,3 +326,30 @@ def test_no_prompt_logits_when_no_branch_can_pass_the_cut():
     state = eager.begin(prompt, target.prefill(target.allocate(), prompt[:-1], eager.prefill_request()), GenerationConfig())
     eager.propose(state, prompt, 16)
     assert calls == [1] and 1 in state.last[2]
+
+
+def test_the_drafting_head_is_an_int8_copy_close_to_the_target_head():
+    """``anchor_logits="draft"`` (the default) computes a prompt anchor's distribution through
+    ``HFTarget.draft_head()``, an int8 copy of the output embedding on a CPU; ``"exact"`` is the
+    plain twin. The copy's logits stay within a few percent of the head's range, the top tokens
+    agree where the head has a margin, and greedy outputs are plain decoding's either way."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    head = target.draft_head()
+    assert head != target.logits_of and target.draft_head() is head, "built once, kept"
+    hidden = torch.randn(64, model.config.hidden_size) * 3
+    exact, approx = target.logits_of(hidden), head(hidden)
+    assert approx.dtype == torch.float32 and approx.shape == exact.shape
+    scale = exact.abs().amax(-1, keepdim=True)
+    assert ((approx - exact).abs() <= 0.03 * scale).all()
+    top2 = exact.topk(2).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.1 * scale[:, 0]
+    assert clear.sum() > 10 and (approx.argmax(-1) == exact.argmax(-1))[clear].all()
+    for anchor_logits in ("draft", "exact"):
+        drafter = build_adapld(target, AdaPLDConfig(anchor_logits=anchor_logits))
+        assert drafter.logits_of == (head if anchor_logits == "draft" else target.logits_of)
+        engine = SpecEngine(target, [drafter], method="adapld")
+        for prompt, _ in make_prompts(20, vocab=model.config.vocab_size):
+            assert engine.generate_ids(prompt, GenerationConfig(max_new_tokens=12, budget=16)) == hf_greedy(model, prompt, 12)
+    with pytest.raises(ValueError, match="anchor_logits"):
+        AdaPLDConfig(anchor_logits="int4")

@@ -7,6 +7,7 @@ same cache rows, greedy and sampled.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -134,3 +135,65 @@ def test_logits_from_returns_the_later_rows():
     torch.testing.assert_close(got.logits, want.logits[4:])
     with pytest.raises(ValueError, match="logits_from"):
         target.forward_batch([target.allocate()], [tokens], [parents], logits_from=[7])
+
+
+def adapld_engine(model, variant: str = "adapld") -> SpecEngine:
+    target = HFTarget(model)
+    drafters, composer = get_method(variant).build(target, MethodOptions())
+    return SpecEngine(target, drafters, composer, method=variant)
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_adapld_fused_start_is_lossless(arch):
+    """AdaPLD asks the prefill for hidden states only, so a short prompt rides in the first
+    forward and the prompt's rows reach the drafter with the first step. Its first tree differs
+    (no reranking, no branches: nothing to rank with yet), so steps may too, never tokens."""
+    model = TINY_MODELS[arch]()
+    plain = engines(model)["ar"]
+    for variant in ("adapld", "adapld-full"):
+        engine = adapld_engine(model, variant)
+        for prompt, _ in make_prompts(12, vocab=model.config.vocab_size):
+            config = GenerationConfig(max_new_tokens=16, budget=8)
+            want = plain.generate_ids(prompt, config)
+            for fuse in (True, False):
+                engine.fuse_prefill_max = 512 if fuse else 0
+                assert engine.generate_ids(prompt, config) == want, f"{arch}/{variant} fuse={fuse} on {prompt}"
+        engine.fuse_prefill_max = 512  # sampled: runs through (the verify rules are the tree's, fused or not)
+        engine.generate_ids(make_prompts(1, vocab=model.config.vocab_size)[0][0],
+                            GenerationConfig(max_new_tokens=8, budget=8, sampling=SamplingConfig(temperature=0.8, seed=1)))
+
+
+def test_adapld_gets_the_prompt_rows_with_its_first_step():
+    """Fused: ``begin`` sees no hidden states, the first ``observe`` gets the prompt's rows; after
+    it the memory holds what a prefill apart gives (float tolerance: a larger forward)."""
+    model = tiny_llama()
+    engine = adapld_engine(model)
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6, 9, 11, 5, 6]
+    config = GenerationConfig(max_new_tokens=8, budget=8)
+    memories = []
+    for fuse in (True, False):
+        engine.fuse_prefill_max = 512 if fuse else 0
+        seq = engine.start(prompt, config)
+        state = seq.drafter_states[0]
+        assert seq.unfilled == (prompt[:-1] if fuse else []) and seq.deferred_prefill == fuse
+        assert state.known == (0 if fuse else len(prompt) - 1)
+        engine.step(seq)
+        assert not seq.deferred_prefill and state.known == len(seq.context) - 1
+        memories.append((state.hidden[: len(prompt) - 1].copy(), state.prompt_final.clone(), state.has_top[: len(prompt) - 1].copy()))
+        engine.finish(seq)
+    (h1, f1, t1), (h2, f2, t2) = memories
+    np.testing.assert_allclose(h1, h2, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(f1, f2)
+    assert f1.shape == (len(prompt) - 1, model.config.hidden_size)
+
+
+def test_fused_start_needs_a_target_that_returns_the_prompt_rows():
+    model = tiny_llama()
+    engine = adapld_engine(model)
+    seq = engine.start([5, 6, 7, 8], GenerationConfig(max_new_tokens=4))
+    assert seq.unfilled == [5, 6, 7] and seq.deferred_prefill
+    engine.finish(seq)
+    engine.target.fill_outputs = False  # a target whose forward_batch has no fill_outputs
+    seq = engine.start([5, 6, 7, 8], GenerationConfig(max_new_tokens=4))
+    assert seq.unfilled == [] and not seq.deferred_prefill and engine.target.length(seq.slot) == 3
+    engine.finish(seq)

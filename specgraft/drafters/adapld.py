@@ -14,8 +14,9 @@ context alone (prompt and generated tokens, the *memory* ``x_0 .. x_t``; ``x_t``
    distribution after ``x_a``, minus the main copy's first token, each a child of the root.
    For generated positions the verify pass computed that distribution and it is kept; for
    prompt positions the prefill keeps the final hidden states and the logits of an anchor are
-   computed when it is first chosen (one output-embedding row, ~1% of a step), not the prompt's
-   whole ``[T, V]`` (on a 1,500-token prompt that costs ~3 s on the 2-core CPU).
+   computed when it is first chosen (one row through an int8 copy of the output embedding on a
+   CPU, ``anchor_logits``), not the prompt's whole ``[T, V]`` (on a 1,500-token prompt that
+   costs ~3 s on the 2-core CPU).
 5. **Successors** (eq. 13-15): each branch token ``b`` is looked up like a query (lexical
    positions ``j`` with ``x_j == b``, else the semantic fallback), reranked by the cosine between
    the hidden state after ``x_{j-1}`` and the one after ``x_a`` (``b``'s context if it follows the
@@ -37,8 +38,9 @@ deterministic), so outputs are the target's.
   learned rate. All rates start from priors and learn per request (or across requests with
   ``Learning.SHARED``).
 - *What is computed for nodes under the cut.* A branch's estimate ``c * q`` never exceeds ``c``,
-  so while ``c < min_prob`` a prompt anchor's distribution (a row of the output embedding, ~45 ms
-  on the 2-core CPU, more than the rest of the drafting) is not computed and it gets no branches;
+  so while ``c < min_prob`` a prompt anchor's distribution (a row of the output embedding, ~21 ms
+  in fp32 and ~6 ms in int8 on a 2-core Zen 5, most of the drafting) is not computed and it gets
+  no branches;
   a generated anchor's distribution came with its verify pass, so its branches are still built
   and ``c`` keeps learning from them. A successor under the cut is looked up only if its branch
   turns out right (``observe``, to learn ``s``); ``lazy=False`` builds them all and cuts after,
@@ -122,6 +124,11 @@ class AdaPLDConfig:
     """Look up a successor only when it can pass ``min_prob`` (else only if its branch turns out
     right, in ``observe``, to learn from it); False builds every successor and cuts after (the
     plain twin: the same trees and rates, ``tests/test_adapld.py``)."""
+    anchor_logits: str = "draft"
+    """How a prompt anchor's next-token distribution (its branch tokens) is computed from its
+    final hidden state: ``"draft"`` through the target's drafting head (``HFTarget.draft_head``:
+    an int8 copy of the output embedding on a CPU, ~6 ms a row against ~21 ms), ``"exact"``
+    through the target's own head (the plain twin). Branches only; verification is exact."""
     prior_first: tuple[float, ...] = (0.3, 0.5, 0.8)
     """Prior rate of the main copy's first token, by agreement n = 1, 2, >=3 before the anchor."""
     prior_later: tuple[float, ...] = (0.5, 0.7, 0.88)
@@ -149,6 +156,8 @@ class AdaPLDConfig:
             raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
         if self.layer is not None and self.layer < 1:
             raise ValueError(f"layer must be >= 1 (a decoder layer's output), got {self.layer}")
+        if self.anchor_logits not in ("draft", "exact"):
+            raise ValueError(f"anchor_logits is 'draft' or 'exact', got {self.anchor_logits!r}")
         if len(self.prior_first) != len(self.prior_later) or not self.prior_first:
             raise ValueError("prior_first and prior_later need the same, non-zero length")
 
@@ -305,6 +314,10 @@ class AdaPLDDrafter(StatelessDrafter):
 
     name: ClassVar[str] = "adapld"
     needs_hidden: ClassVar[bool] = True
+    # a fused start (``SpecEngine.start``) may deliver the prompt's hidden states with the first
+    # step: the first tree then anchors at the most recent lexical match (nothing to rerank with
+    # yet) and has no branches, as any step whose anchor has no hidden state
+    deferred_prefill: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -315,7 +328,7 @@ class AdaPLDDrafter(StatelessDrafter):
         logits_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.config = config
-        # final hidden states [n, H] -> logits [n, V] (the target's output embedding)
+        # final hidden states [n, H] -> logits [n, V]: the target's drafting head or its own (anchor_logits)
         self.logits_of = logits_of
         self.hidden_layer = layer
         if embeddings is None and not config.lexical_only:
@@ -353,25 +366,30 @@ class AdaPLDDrafter(StatelessDrafter):
             branch_rate=self.branch_rate if shared else self.branch_rate.copy(),
             successor_rate=self.successor_rate if shared else self.successor_rate.copy(),
         )
-        if len(prompt) > 1 and not self.config.lexical_only:
-            if prefill.hidden is None:
-                raise ValueError("AdaPLD needs the prefill's hidden states (prefill_request)")
-            n = len(prefill.hidden)
-            ids = np.zeros((n, self.top_k), dtype=np.int64)
-            probs = np.zeros((n, self.top_k), dtype=np.float32)
-            if prefill.final_hidden is not None:
-                # the prompt's logits come on demand (top_of)
-                state.prompt_final = prefill.final_hidden
-                state.has_top = np.zeros(n, dtype=bool)
-                state.append_rows(_unit(prefill.hidden), ids, probs, filled=False)
-                return state
-            if prefill.topk is not None and prefill.topk_probs is not None:
-                k = min(self.top_k, prefill.topk.shape[1])
-                ids[:, :k], probs[:, :k] = prefill.topk[:, :k].numpy(), prefill.topk_probs[:, :k].numpy()
-            elif self.config.branches:
-                raise ValueError("AdaPLD's branches need the prefill's top-k or final hidden states (prefill_request)")
-            state.append_rows(_unit(prefill.hidden), ids, probs)
+        if len(prompt) > 1 and not self.config.lexical_only and not prefill.deferred:
+            self.take_prefill(state, prefill)
         return state
+
+    def take_prefill(self, state: AdaPLDState, prefill: PrefillOutput) -> None:
+        """The prompt's rows of the memory (hidden states, and the top-k or the final hidden
+        states it is computed from), from the prefill or, on a fused start, the first step."""
+        if prefill.hidden is None:
+            raise ValueError("AdaPLD needs the prefill's hidden states (prefill_request)")
+        n = len(prefill.hidden)
+        ids = np.zeros((n, self.top_k), dtype=np.int64)
+        probs = np.zeros((n, self.top_k), dtype=np.float32)
+        if prefill.final_hidden is not None:
+            # the prompt's logits come on demand (top_of)
+            state.prompt_final = prefill.final_hidden
+            state.has_top = np.zeros(n, dtype=bool)
+            state.append_rows(_unit(prefill.hidden), ids, probs, filled=False)
+            return
+        if prefill.topk is not None and prefill.topk_probs is not None:
+            k = min(self.top_k, prefill.topk.shape[1])
+            ids[:, :k], probs[:, :k] = prefill.topk[:, :k].numpy(), prefill.topk_probs[:, :k].numpy()
+        elif self.config.branches:
+            raise ValueError("AdaPLD's branches need the prefill's top-k or final hidden states (prefill_request)")
+        state.append_rows(_unit(prefill.hidden), ids, probs)
 
     @staticmethod
     def has_top(state: AdaPLDState, a: int) -> bool:
@@ -540,6 +558,8 @@ class AdaPLDDrafter(StatelessDrafter):
                     if succ is not None:
                         state.successor_rate.record(1, 1, succ == truth[1])
         if not self.config.lexical_only:
+            if step.prefill is not None:  # a fused start: the prompt's rows come first
+                self.take_prefill(state, step.prefill)
             rows = [0, *(i + 1 for i in step.verify.accepted)]
             if step.hidden is None:
                 raise ValueError("AdaPLD needs the verify pass's hidden states (needs_hidden)")
@@ -577,4 +597,7 @@ def build_adapld(target: Any, config: AdaPLDConfig, learning: Learning = Learnin
         layer = default_layer(str(getattr(cfg, "model_type", "")), num_layers, int(getattr(cfg, "hidden_size", 0)))
     if not 1 <= layer < num_layers:
         raise ValueError(f"AdaPLD layer {layer} is not in 1 .. {num_layers - 1} for {target.name!r}")
-    return AdaPLDDrafter(target.input_embeddings(), layer, config, learning, logits_of=target.logits_of)
+    head = target.logits_of
+    if config.anchor_logits == "draft" and config.branches and hasattr(target, "draft_head"):
+        head = target.draft_head()
+    return AdaPLDDrafter(target.input_embeddings(), layer, config, learning, logits_of=head)

@@ -25,6 +25,12 @@ A feature-level drafter (an EAGLE-style head) sets ``needs_hidden = True`` and r
 without it (its drafts get worse, never wrong) sets ``prefill_optional = True``: a batch that
 decodes plainly then starts its sequences without it (``SpecEngine.start(speculative=False)``)
 and ``begin`` gets a :class:`~specgraft.types.PrefillOutput` without those fields.
+
+A drafter whose prefill request a forward can serve (hidden states, no top-k) and which can
+propose its first tree without it sets ``deferred_prefill = True``: a short prompt then rides
+in the first step's forward (``SpecEngine.start``), ``begin`` gets ``PrefillOutput(deferred=True)``
+and the first ``observe`` gets the prompt's outputs as ``StepResult.prefill`` (AdaPLD: its
+first tree anchors lexically at the most recent match, without reranking or branches).
 """
 
 from __future__ import annotations
@@ -73,6 +79,7 @@ class StatelessDrafter:
 
     needs_hidden: ClassVar[bool] = False
     prefill_optional: ClassVar[bool] = False
+    deferred_prefill: ClassVar[bool] = False
 
     def prefill_request(self) -> PrefillRequest:
         return PrefillRequest()

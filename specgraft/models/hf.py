@@ -32,7 +32,7 @@ import gc
 import inspect
 import sys
 import time
-from typing import Sequence
+from typing import Callable, ClassVar, Sequence
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -44,6 +44,7 @@ from specgraft.models.fusion import fuse_by_default, fuse_projections
 from specgraft.models.graphs import DecoderGraphs, graphs_by_default
 from specgraft.models.kernels import auto_dtype, use_onednn_linears
 from specgraft.models.lean import LeanDecoder, lean_by_default, lean_decoder
+from specgraft.models.quant import int8_available, int8_head
 from specgraft.tree.layout import depth_from_mask, pending_ancestors
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
 
@@ -198,6 +199,10 @@ class HFTarget:
     :meth:`reserve` with a generation's whole length to allocate once.
     """
 
+    #: ``forward_batch(fill_outputs=True)`` returns a fused start's prompt rows' hidden states,
+    #: so drafters with ``deferred_prefill`` may start fused (``SpecEngine.start``)
+    fill_outputs: ClassVar[bool] = True
+
     def __init__(
         self, model: PreTrainedModel, prefill_chunk: int = 512, capacity: int = 256, cuda_graphs: bool | None = None,
         lean: bool | None = None,
@@ -210,6 +215,7 @@ class HFTarget:
         self._cache_kwarg = cache_kwarg(self.decoder)
         self.lm_head = model.get_output_embeddings()
         self.vocab_size: int = self.lm_head.out_features  # not .weight: packed and int8 linears unpack it
+        self._draft_head: Callable[[torch.Tensor], torch.Tensor] | None = None  # draft_head(), built on first use
         self.max_positions: int = int(getattr(self.config, "max_position_embeddings", 1 << 30))
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -276,6 +282,25 @@ class HFTarget:
         """``[n, V]`` float32 logits of final-layer hidden states ``[n, H]`` (a prefill's
         ``final_hidden`` rows: the logits of a few prompt positions without the whole ``[T, V]``)."""
         return self._logits(hidden)
+
+    def draft_head(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Final hidden states ``[n, H]`` -> float32 logits ``[n, V]`` for *choosing drafts*, never
+        for verifying them: on a CPU with a quantized engine an int8 copy of the output embedding
+        (:func:`~specgraft.models.quant.int8_head`: built on the first call and kept, ``V * H``
+        bytes, 233 MB for Qwen2.5-1.5B), which reads a quarter of the bytes a one-row fp32 head
+        does (~6 ms against ~21 ms for that model on a 2-core Zen 5); elsewhere (a GPU) the exact
+        :meth:`logits_of`. Approximate logits change which tokens are drafted, never the output."""
+        if self.device.type != "cpu" or not int8_available():
+            return self.logits_of
+        if self._draft_head is None:
+            head = int8_head(self.lm_head.weight)
+
+            @torch.inference_mode()
+            def logits(hidden: torch.Tensor) -> torch.Tensor:
+                return head(hidden.float()).float()
+
+            self._draft_head = logits
+        return self._draft_head
 
     @property
     def num_layers(self) -> int:
@@ -442,6 +467,7 @@ class HFTarget:
         output_hidden: bool = False,
         hidden_layer: int | None = None,
         logits_from: Sequence[int] | None = None,
+        fill_outputs: bool = False,
     ) -> list[RowsOutput]:
         """:meth:`forward_rows` for the slots ``slots`` (distinct, any order) in one forward.
 
@@ -449,6 +475,9 @@ class HFTarget:
         are returned: the rows before it only fill the cache. The engine feeds a short prompt's
         prefill as a chain in the first step's forward (:meth:`SpecEngine.start`) and needs no
         ``[T, V]`` logits for it (~20 ms a row for a 1.5B model's 152k-token head on a 2-core CPU).
+        ``fill_outputs``: also return what a prefill would of those rows, as ``RowsOutput.fill``
+        (their final hidden states, and with ``output_hidden`` those of ``hidden_layer``; copies,
+        which a drafter may keep), for drafters whose prefill outputs a fused start deferred.
 
         Each slot's rows are padded to the longest (with CUDA graphs, further up to a power of
         two: :meth:`DecoderGraphs.rows <specgraft.models.graphs.DecoderGraphs.rows>`); padding
@@ -505,7 +534,13 @@ class HFTarget:
                 RowsOutput(logits=logits[b, :n], hidden=hidden[b, :n] if output_hidden else None) for b, n in enumerate(counts)
             ]
         return [
-            RowsOutput(logits=self._logits(final[b, f:n]), hidden=hidden[b, f:n] if output_hidden else None)
+            RowsOutput(
+                logits=self._logits(final[b, f:n]),
+                hidden=hidden[b, f:n] if output_hidden else None,
+                fill=PrefillOutput(
+                    hidden=hidden[b, :f].clone() if output_hidden else None, final_hidden=final[b, :f].clone()
+                ) if fill_outputs and f else None,
+            )
             for b, (f, n) in enumerate(zip(starts, counts))
         ]
 
