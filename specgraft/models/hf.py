@@ -44,7 +44,7 @@ from specgraft.models.fusion import fuse_by_default, fuse_projections
 from specgraft.models.graphs import DecoderGraphs, graphs_by_default
 from specgraft.models.kernels import auto_dtype, use_onednn_linears
 from specgraft.models.lean import LeanDecoder, lean_by_default, lean_decoder
-from specgraft.models.quant import int8_available, int8_head
+from specgraft.models.quant import Int8Head, int8_available
 from specgraft.tree.layout import depth_from_mask, pending_ancestors
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
 
@@ -286,20 +286,14 @@ class HFTarget:
     def draft_head(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """Final hidden states ``[n, H]`` -> float32 logits ``[n, V]`` for *choosing drafts*, never
         for verifying them: on a CPU with a quantized engine an int8 copy of the output embedding
-        (:func:`~specgraft.models.quant.int8_head`: built on the first call and kept, ``V * H``
-        bytes, 233 MB for Qwen2.5-1.5B), which reads a quarter of the bytes a one-row fp32 head
+        (:class:`~specgraft.models.quant.Int8Head`: built on the first call, ~4 s, and kept:
+        ``V * H`` bytes, 230 MiB for Qwen2.5-1.5B), which reads a quarter of the bytes a one-row fp32 head
         does (~6 ms against ~21 ms for that model on a 2-core Zen 5); elsewhere (a GPU) the exact
         :meth:`logits_of`. Approximate logits change which tokens are drafted, never the output."""
         if self.device.type != "cpu" or not int8_available():
             return self.logits_of
         if self._draft_head is None:
-            head = int8_head(self.lm_head.weight)
-
-            @torch.inference_mode()
-            def logits(hidden: torch.Tensor) -> torch.Tensor:
-                return head(hidden.float()).float()
-
-            self._draft_head = logits
+            self._draft_head = Int8Head(self.lm_head.weight)
         return self._draft_head
 
     @property
