@@ -398,6 +398,40 @@ def test_bracketed_run_uses_the_mean_of_both_ar_runs(target_dir, tmp_path):
     assert isinstance(missing.exception, ValueError) and "no results.jsonl" in str(missing.exception)
 
 
+def test_rounds_alternate_the_order_and_keep_the_mean_time(target_dir, tmp_path, monkeypatch):
+    """``rounds=2``: ar first and ar-end last in both rounds, the methods between them reversed in
+    the second; one row per method with the rounds' mean time and phase times; same report."""
+    from specgraft.bench.contract import SpecgraftMethod
+
+    calls: list[str] = []
+    plain_run = SpecgraftMethod.run
+
+    def run(self, ids):
+        calls.append(self.name)
+        return plain_run(self, ids)
+
+    monkeypatch.setattr(SpecgraftMethod, "run", run)
+    out = tmp_path / "rounds"
+    cfg = config(target_dir, out, suite="humaneval:1", methods="ar,pld,ptd", bracket=True, rounds=2)
+    assert "--rounds 2" in cfg.to_command()
+    report = run_benchmark(cfg)
+    order = ["ar", "pld", "ptd", "ar", "ar", "ptd", "pld", "ar"]  # ar-end is an ar engine of its own
+    assert calls[-len(order):] == order, calls
+    rows = read_rows(out / RESULTS_FILE)
+    assert [r.method for r in rows] == ["ar", "ptd", "pld", "ar-end"], "a row is written when its last round ends"
+    check_rows_consistent(rows)
+    for r in rows:
+        assert len(r.round_times_s) == 2 and r.time_s == pytest.approx(sum(r.round_times_s) / 2, abs=1e-6)
+        assert r.time_breakdown_s["total"] <= max(r.round_times_s) + 1e-6
+    assert "## Baseline drift" in report.read_text() and "every input ran 2 rounds" in report.read_text()
+    single = run_benchmark(config(target_dir, tmp_path / "one", suite="humaneval:1", methods="ar,pld"))
+    assert all(r.round_times_s is None for r in read_rows(single.parent / RESULTS_FILE))
+    with pytest.raises(ValueError, match="different config .*rounds: 2 before, 1 now"):
+        run_benchmark(config(target_dir, out, suite="humaneval:1", methods="ar,pld,ptd", bracket=True, resume=True))
+    with pytest.raises(ValueError, match="rounds must be an integer >= 1"):
+        config(target_dir, out, rounds=0)
+
+
 def test_session_ids_are_unique_within_a_second():
     from specgraft.bench.runner import _session_id
 

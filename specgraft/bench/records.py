@@ -58,6 +58,8 @@ class ResultRow:
     self_repetition_ds: dict[str, int] | None = None
     """``ar`` only, in a run with ``--datastore``: the same counts when a match may also lie in
     the run's datastores (READER Table 1's "W/ DS")."""
+    round_times_s: list[float] | None = None
+    """A run with ``--rounds N`` (N > 1): each round's time; ``time_s`` is their mean."""
     config: dict[str, Any] | None = None
     environment: dict[str, Any] | None = None
 

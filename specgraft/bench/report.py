@@ -265,6 +265,11 @@ def render_markdown(
         notes.append(f"rows come from {len(summary.sessions)} sessions (a resumed run): {', '.join(summary.sessions)}")
     if cfg.get("temperature"):
         notes.append("sampling (temperature > 0): outputs are not expected to agree with `ar` token for token")
+    if (cfg.get("rounds") or 1) > 1:
+        notes.append(
+            f"every input ran {cfg['rounds']} rounds, the methods between `ar` and `ar-end` in reverse order every other "
+            "round; a row's time is the mean of its rounds (`round_times_s`), its tokens and steps its first round's"
+        )
     if notes:
         lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
     return "\n".join(lines)

@@ -147,6 +147,13 @@ class BenchConfig:
     """Run ``ar`` again after the other methods on every input (rows named ``ar-end``); speedups
     then use the mean of the two ``ar`` times, which cancels a slow drift of the machine's speed
     over the minutes a prompt takes, and the report prints how far the two runs differ."""
+    rounds: int = 1
+    """Times every input's methods run; in every other round the methods between ``ar`` and
+    ``ar-end`` run in reverse order. A row keeps the mean time (and mean phase times) of its
+    rounds, each round's time in ``round_times_s``, and the tokens and step counts of its first
+    round (a round that produces other tokens is an error: greedy runs and seeded sampling repeat
+    exactly). On a machine whose speed drifts within a run, the order's drift cancels across two
+    rounds and random swings average out; the HF peers take part, the vLLM peers run once."""
     progress: bool = True
     """Show a progress bar and print the resolved config."""
     vllm_python: str | None = None
@@ -199,6 +206,8 @@ class BenchConfig:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.vllm_spec_tokens < 1:
             raise ValueError(f"vllm_spec_tokens must be >= 1, got {self.vllm_spec_tokens}")
+        if not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"rounds must be an integer >= 1, got {self.rounds!r}")
         if self.warmup_tokens < 1:
             raise ValueError(f"warmup_tokens must be >= 1, got {self.warmup_tokens}")
         SamplingConfig(temperature=self.temperature, seed=self.seed)
@@ -299,7 +308,8 @@ class BenchConfig:
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "resolved_draft_quant", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
                 "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape",
-                "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min", "draft_row_cost", "draft_copy_ahead", "resolved_peer_process")
+                "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min", "draft_row_cost", "draft_copy_ahead", "resolved_peer_process",
+                "rounds")
         out = {k: getattr(self, k) for k in keep}
         out["datastores"] = list(self.datastores)  # as run.json stores it
         return out
@@ -358,6 +368,8 @@ class BenchConfig:
             parts += ["--reader-shape", self.reader_shape]
         if not self.bracket:
             parts += ["--no-bracket"]
+        if self.rounds != 1:
+            parts += ["--rounds", str(self.rounds)]
         if self.vllm_python:
             parts += ["--vllm-python", self.vllm_python]
         if self.vllm_spec_tokens != 5:
@@ -514,7 +526,7 @@ _RECORDED_SINCE = {
     "resolved_draft_quant": lambda before: "none" if before.get("draft_model") else None,
     "preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None,
     "vllm_spec_tokens": 5, "row_cost": None, "draft_extend": None,
-    "draft_stop_min": None, "draft_row_cost": None, "draft_copy_ahead": None,
+    "draft_stop_min": None, "draft_row_cost": None, "draft_copy_ahead": None, "rounds": 1,
     # before peer_process, the peers ran in the bench's own process
     "resolved_peer_process": lambda before: "shared" if any(m in PEERS for m in before.get("run_methods", ())) else None,
 }
@@ -543,9 +555,14 @@ def _check_resume(out: Path, cfg: BenchConfig) -> None:
 
 
 def make_row(
-    gen: Generation, name: str, method: BenchMethod, run: MethodRun, ar_tokens: list[int], hf_tokens: list[int] | None, session: Session
+    gen: Generation, name: str, method: BenchMethod, run: MethodRun, ar_tokens: list[int], hf_tokens: list[int] | None, session: Session,
+    rounds: Sequence[MethodRun] = (),
 ) -> ResultRow:
-    """The JSONL row of one measured generation; ``ar_tokens`` / ``hf_tokens`` are the references."""
+    """The JSONL row of one measured generation; ``ar_tokens`` / ``hf_tokens`` are the references.
+    With ``rounds`` (every round's run of the input, ``run`` the first), the row's time and phase
+    times are the rounds' means (``BenchConfig.rounds``)."""
+    if len(rounds) > 1:
+        run = dataclasses.replace(run, time_s=sum(r.time_s for r in rounds) / len(rounds))
     row = ResultRow(
         prompt_id=gen.prompt.id, task=gen.prompt.task, suite=gen.prompt.suite, turn=gen.turn, method=name,
         peer=method.is_peer, chat=gen.chat, session=session.id, prompt_tokens=len(gen.ids),
@@ -564,6 +581,11 @@ def make_row(
         row.proposed_by_source = d["proposed_by_source"]
         row.accepted_by_source = d["accepted_by_source"]
         row.time_breakdown_s = d["time_s"]
+        if len(rounds) > 1:
+            phases = [r.stats.to_dict()["time_s"] for r in rounds]
+            row.time_breakdown_s = {k: round(sum(p[k] for p in phases) / len(phases), 6) for k in phases[0]}
+    if len(rounds) > 1:
+        row.round_times_s = [round(r.time_s, 6) for r in rounds]
     if method.is_peer and hf_tokens is not None:
         row.agreement_hf = agreement(run.tokens, hf_tokens).to_dict()
     if name == "ar":
@@ -677,6 +699,21 @@ def to_measure(run_methods: Sequence[str], stored: dict[tuple[str, int, str], Re
     return [m for m in run_methods if m in missing or m in baselines]
 
 
+def round_order(run_methods: Sequence[str], rnd: int) -> list[str]:
+    """The methods' order in round ``rnd`` (0-based): every other round reverses the methods
+    between ``ar`` and ``ar-end``, which keep their places (the baseline and its bracket).
+
+    >>> round_order(("ar", "pld", "adapld", "hf", "ar-end"), 1)
+    ['ar', 'hf', 'adapld', 'pld', 'ar-end']
+    >>> round_order(("ar", "pld", "adapld"), 1), round_order(("ar", "pld", "adapld"), 2)
+    (['ar', 'adapld', 'pld'], ['ar', 'pld', 'adapld'])
+    """
+    head = [m for m in run_methods if m == "ar"]
+    tail = [m for m in run_methods if m == AR_END]
+    middle = [m for m in run_methods if m not in ("ar", AR_END)]
+    return [*head, *(middle[::-1] if rnd % 2 else middle), *tail]
+
+
 def run_suite(
     suite: Suite, methods: dict[str, BenchMethod], session: Session, results: Path,
     stored: dict[tuple[str, int, str], ResultRow], console: Console,
@@ -690,7 +727,7 @@ def run_suite(
     cfg, decoder = session.cfg, session.decoder
     tokenizer = decoder.tokenizer
     has_template = bool(getattr(tokenizer, "chat_template", None))
-    todo = sum(len(to_measure(cfg.run_methods, stored, p.id, t)) for p in suite.prompts for t in range(len(p.turns)))
+    todo = cfg.rounds * sum(len(to_measure(cfg.run_methods, stored, p.id, t)) for p in suite.prompts for t in range(len(p.turns)))
     done, start = 0, time.perf_counter()
     generations: list[Generation] = []
     with progress_bar(console, cfg.progress) as bar:
@@ -704,27 +741,42 @@ def run_suite(
                 ar_row: ResultRow | None = None
                 hf_tokens: list[int] | None = None
                 measure = to_measure(cfg.run_methods, stored, prompt.id, turn)
-                for name in cfg.run_methods:
-                    row = stored.get((prompt.id, turn, name))
-                    if name in measure:
-                        bar.update(job, description=f"{prompt.task} {prompt.id} turn {turn + 1} {name}")
-                        run = methods[name].run(gen.ids)
-                        reference = run.tokens if name == "ar" else ar_row.tokens if ar_row else None
-                        assert reference is not None, "ar runs first"
-                        row = make_row(gen, name, methods[name], run, reference, run.tokens if name == "hf" else hf_tokens, session)
-                        append_row(results, row)
-                        stored.setdefault(row.key, row)
-                        bar.advance(job)
-                        done += 1
-                        if cfg.progress:
-                            bar.console.print(
-                                row_line(row, ar_row, done, todo, time.perf_counter() - start), markup=False, highlight=False, soft_wrap=True
+                runs: dict[str, list[MethodRun]] = {}
+                for rnd in range(cfg.rounds if measure else 1):
+                    # the rounds' last runs write the rows, so ar's comes first (it runs first every round)
+                    for name in round_order(cfg.run_methods, rnd):
+                        row = stored.get((prompt.id, turn, name))
+                        if name in measure:
+                            round_note = f" round {rnd + 1}/{cfg.rounds}" if cfg.rounds > 1 else ""
+                            bar.update(job, description=f"{prompt.task} {prompt.id} turn {turn + 1} {name}{round_note}")
+                            run = methods[name].run(gen.ids)
+                            runs.setdefault(name, []).append(run)
+                            bar.advance(job)
+                            done += 1
+                            if len(runs[name]) < cfg.rounds:
+                                continue
+                            first_run = runs[name][0]
+                            for later in runs[name][1:]:
+                                if later.tokens != first_run.tokens:
+                                    raise RuntimeError(f"{name} produced other tokens in another round on {prompt.id} turn {turn + 1}")
+                            reference = first_run.tokens if name == "ar" else ar_row.tokens if ar_row else None
+                            assert reference is not None, "ar runs first"
+                            row = make_row(
+                                gen, name, methods[name], first_run, reference, first_run.tokens if name == "hf" else hf_tokens, session,
+                                rounds=runs[name],
                             )
-                    assert row is not None
-                    if name == "ar":
-                        ar_row = row
-                    elif name == "hf":
-                        hf_tokens = row.tokens
+                            append_row(results, row)
+                            stored.setdefault(row.key, row)
+                            if cfg.progress:
+                                bar.console.print(
+                                    row_line(row, ar_row, done, todo, time.perf_counter() - start), markup=False, highlight=False, soft_wrap=True
+                                )
+                        if row is None:
+                            continue  # measured, its rounds not finished yet
+                        if name == "ar":
+                            ar_row = row
+                        elif name == "hf":
+                            hf_tokens = row.tokens
                 # stored keeps the first ar row: the next turn is conditioned on the answer that the
                 # session which first measured this input saw
                 answers.append(decoder.decode(stored[(prompt.id, turn, "ar")].tokens))

@@ -101,6 +101,11 @@ def bench(
         True, "--bracket/--no-bracket",
         help="Run ar again after the other methods on every prompt and use the mean of the two ar times as the baseline.",
     ),
+    rounds: int = typer.Option(
+        1, "--rounds",
+        help="Run every prompt's methods this many times, reversing the order of those between ar and ar-end every other "
+        "round; rows keep the mean time (each round's in round_times_s). 2 cancels a drifting machine's order effect.",
+    ),
     alpaca_path: Optional[str] = typer.Option(
         None, "--alpaca-path",
         help="EAGLE's alpaca set (CC BY-NC 4.0, not packaged) for --suite eagle; "
@@ -118,7 +123,7 @@ def bench(
     config = BenchConfig(
         model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, draft_quant=draft_quant, per_task=per_task,
         max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
-        threads=threads, resume=resume, bracket=bracket, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
+        threads=threads, resume=resume, bracket=bracket, rounds=rounds, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
         preset=preset, sample_drafts=sample_drafts, draft_extend=draft_extend, draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, draft_copy_ahead=draft_copy_ahead, device=device, learning=learning, datastores=split_paths(datastore),
         reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens, peer_process=peer_process,
         row_cost=row_cost_value(row_cost, model, device, threads),
