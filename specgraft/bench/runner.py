@@ -149,7 +149,7 @@ class BenchConfig:
     over the minutes a prompt takes, and the report prints how far the two runs differ."""
     rounds: int = 1
     """Times every input's methods run; in every other round the methods between ``ar`` and
-    ``ar-end`` run in reverse order. A row keeps the mean time (and mean phase times) of its
+    ``ar-end`` run in reverse order (the last round in the given one). A row keeps the mean time (and mean phase times) of its
     rounds, each round's time in ``round_times_s``, and the tokens and step counts of its first
     round (a round that produces other tokens is an error: greedy runs and seeded sampling repeat
     exactly). On a machine whose speed drifts within a run, the order's drift cancels across two
@@ -699,19 +699,21 @@ def to_measure(run_methods: Sequence[str], stored: dict[tuple[str, int, str], Re
     return [m for m in run_methods if m in missing or m in baselines]
 
 
-def round_order(run_methods: Sequence[str], rnd: int) -> list[str]:
-    """The methods' order in round ``rnd`` (0-based): every other round reverses the methods
-    between ``ar`` and ``ar-end``, which keep their places (the baseline and its bracket).
+def round_order(run_methods: Sequence[str], rnd: int, rounds: int) -> list[str]:
+    """The methods' order in round ``rnd`` (0-based) of ``rounds``: every other round reverses
+    the methods between ``ar`` and ``ar-end``, which keep their places (the baseline and its
+    bracket). The last round runs in the given order, so the rows, written when a method's last
+    round ends, come out in run order.
 
-    >>> round_order(("ar", "pld", "adapld", "hf", "ar-end"), 1)
+    >>> round_order(("ar", "pld", "adapld", "hf", "ar-end"), 0, 2)
     ['ar', 'hf', 'adapld', 'pld', 'ar-end']
-    >>> round_order(("ar", "pld", "adapld"), 1), round_order(("ar", "pld", "adapld"), 2)
-    (['ar', 'adapld', 'pld'], ['ar', 'pld', 'adapld'])
+    >>> round_order(("ar", "pld", "adapld"), 1, 2), round_order(("ar", "pld", "adapld"), 0, 1)
+    (['ar', 'pld', 'adapld'], ['ar', 'pld', 'adapld'])
     """
     head = [m for m in run_methods if m == "ar"]
     tail = [m for m in run_methods if m == AR_END]
     middle = [m for m in run_methods if m not in ("ar", AR_END)]
-    return [*head, *(middle[::-1] if rnd % 2 else middle), *tail]
+    return [*head, *(middle[::-1] if (rounds - 1 - rnd) % 2 else middle), *tail]
 
 
 def run_suite(
@@ -744,7 +746,7 @@ def run_suite(
                 runs: dict[str, list[MethodRun]] = {}
                 for rnd in range(cfg.rounds if measure else 1):
                     # the rounds' last runs write the rows, so ar's comes first (it runs first every round)
-                    for name in round_order(cfg.run_methods, rnd):
+                    for name in round_order(cfg.run_methods, rnd, cfg.rounds):
                         row = stored.get((prompt.id, turn, name))
                         if name in measure:
                             round_note = f" round {rnd + 1}/{cfg.rounds}" if cfg.rounds > 1 else ""
