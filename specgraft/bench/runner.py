@@ -149,11 +149,12 @@ class BenchConfig:
     over the minutes a prompt takes, and the report prints how far the two runs differ."""
     rounds: int = 1
     """Times every input's methods run; in every other round the methods between ``ar`` and
-    ``ar-end`` run in reverse order (the last round in the given one). A row keeps the mean time (and mean phase times) of its
-    rounds, each round's time in ``round_times_s``, and the tokens and step counts of its first
-    round (a round that produces other tokens is an error: greedy runs and seeded sampling repeat
-    exactly). On a machine whose speed drifts within a run, the order's drift cancels across two
-    rounds and random swings average out; the HF peers take part, the vLLM peers run once."""
+    ``ar-end`` run in reverse order (the last round in the given one). A row keeps the mean time
+    (and mean phase times) of its rounds, each round's time in ``round_times_s``, and the tokens
+    and step counts of its first round (a round that produces other tokens is an error: greedy
+    runs and seeded sampling repeat exactly). On a machine whose speed drifts within a run, the
+    order's drift cancels across two rounds and random swings average out; the HF peers take
+    part, the vLLM peers run once."""
     progress: bool = True
     """Show a progress bar and print the resolved config."""
     vllm_python: str | None = None
@@ -770,9 +771,8 @@ def run_suite(
                             append_row(results, row)
                             stored.setdefault(row.key, row)
                             if cfg.progress:
-                                bar.console.print(
-                                    row_line(row, ar_row, done, todo, time.perf_counter() - start), markup=False, highlight=False, soft_wrap=True
-                                )
+                                line = row_line(row, ar_row, done, todo, time.perf_counter() - start)
+                                bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
                         if row is None:
                             continue  # measured, its rounds not finished yet
                         if name == "ar":

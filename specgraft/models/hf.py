@@ -287,8 +287,8 @@ class HFTarget:
         """Final hidden states ``[n, H]`` -> float32 logits ``[n, V]`` for *choosing drafts*, never
         for verifying them: on a CPU with a quantized engine an int8 copy of the output embedding
         (:class:`~specgraft.models.quant.Int8Head`: built on the first call, ~4 s, and kept:
-        ``V * H`` bytes, 230 MiB for Qwen2.5-1.5B), which reads a quarter of the bytes a one-row fp32 head
-        does (~6 ms against ~21 ms for that model on a 2-core Zen 5); elsewhere (a GPU) the exact
+        ``V * H`` bytes, 230 MiB for Qwen2.5-1.5B), which reads a quarter of the bytes a one-row
+        fp32 head does (~6 ms against ~21 ms for that model on a 2-core Zen 5); elsewhere (a GPU) the exact
         :meth:`logits_of`. Approximate logits change which tokens are drafted, never the output."""
         if self.device.type != "cpu" or not int8_available():
             return self.logits_of
