@@ -2,6 +2,7 @@
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM
@@ -363,3 +364,46 @@ def test_committing_the_first_pending_row_alone_needs_no_check(tiny_model, monke
     monkeypatch.setattr(target, "_ancestors", WriteOnly())
     target.commit(slot, [0])
     assert_slot_equals_fresh_prefill(target, slot, [5, 6, 7, 8])
+
+
+def test_host_tree_inputs_equal_the_device_inputs(tiny_model):
+    """One slot's tree given as host lists with nothing pending (the engine's verify pass, a fused
+    start's prompt chain) gets its inputs built on the host (``HFTarget._host_tree_inputs``): the
+    same ids, positions and masks, bit for bit, as the device path, padded or not; the same
+    logits and ancestor sets; a forward on top of those pending rows (P > 0, device path) and the
+    commit's chain check (on the host arrays) behave the same, a non-chain refused both ways."""
+    import random
+
+    rng = random.Random(5)
+    for trial in range(12):
+        length = rng.randint(1, 30)
+        n = rng.randint(2, 12)
+        parents = [-1] + [rng.randrange(-1, i + 1) if trial % 3 == 0 else rng.randrange(i + 1) for i in range(n - 1)]
+        tokens = [rng.randrange(3, 90) for _ in range(n)]
+        n_rows = n + (trial % 4)  # padding rows, as the CUDA graphs' row counts add
+        target = HFTarget(tiny_model)
+        slot = target.allocate()
+        target.prefill(slot, [3 + (7 * i) % 80 for i in range(length)])
+        host = target._host_tree_inputs(slot, tokens, parents, n_rows)
+        host_seen = target._ancestors[slot]
+        target._ancestors[slot] = target._empty_ancestors()
+        device = target._tree_inputs([slot], [torch.tensor(tokens)], [torch.tensor(parents)], [n], n_rows)
+        assert all(torch.equal(a, b) for a, b in zip(host, device, strict=True)), trial
+        assert isinstance(host_seen, np.ndarray) and np.array_equal(host_seen, target._ancestors[slot].numpy())
+    runs = {}
+    for on in (True, False):
+        target = HFTarget(tiny_model)
+        target.host_tree_inputs = on
+        slot = target.allocate()
+        target.prefill(slot, [5, 6, 7, 8])
+        outs = [target.forward_rows(slot, [9, 4, 11, 12], [-1, 0, 0, 1], output_hidden=True, hidden_layer=1)]
+        assert isinstance(target._ancestors[slot], np.ndarray) == on
+        outs.append(target.forward_rows(slot, [13], [3]))  # P > 0: under pending row 3
+        with pytest.raises(ValueError, match="not a chain"):
+            target.commit(slot, [0, 2, 3])
+        target.commit(slot, [0, 1, 3, 4])
+        outs.append(target.forward_rows(slot, [6, 7], [-1, 0]))
+        runs[on] = (outs, target.length(slot))
+    assert runs[True][1] == runs[False][1]
+    for x, y in zip(runs[True][0], runs[False][0], strict=True):
+        assert torch.equal(x.logits, y.logits) and (x.hidden is None or torch.equal(x.hidden, y.hidden))

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -97,3 +98,26 @@ def pending_ancestors(old: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     for _ in range(math.ceil(math.log2(n)) + 1 if n > 1 else 1):
         rel[:, p:] = ((rel[:, p:] @ rel) > 0).float()
     return rel[:, p:] > 0
+
+
+def host_ancestors(parents: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``[n, n]`` bool ancestor sets (ancestors and self) and ``[n]`` depths of rows whose
+    ``parents[i]`` is an earlier row or -1, on the host: what :func:`pending_ancestors` computes
+    on the device for ``P = 0``, for a verify pass whose parents the engine holds as a list
+    (``HFTarget._host_tree_inputs``: one copy to the device instead of a dozen small launches).
+
+    >>> seen, depth = host_ancestors([-1, 0, 0, 1, 1])
+    >>> seen.astype(int).tolist() == tree_layout([-1, -1, 0, 0]).ancestor_mask.int().tolist(), depth.tolist()
+    (True, [0, 1, 1, 2, 2])
+    """
+    n = len(parents)
+    seen = np.zeros((n, n), dtype=bool)
+    depth = np.zeros(n, dtype=np.int64)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            if p >= i:
+                raise ValueError(f"row {i}'s parent {p} is not an earlier row")
+            seen[i, : p + 1] = seen[p, : p + 1]
+            depth[i] = depth[p] + 1
+        seen[i, i] = True
+    return seen, depth
