@@ -142,8 +142,15 @@ class SpecEngine:
         # step's forward (:meth:`start`); 0 = always prefill apart. On a CPU the fused chain's
         # attention (an explicit tree mask) outgrows the saved forward past ~350 tokens (1.5B,
         # 2-core Zen 5: 260-300-token prompts 0.04-0.37 s faster fused, a 385-token one 0.13-0.30 s
-        # slower, 700-1,060 tokens 0.5-1.5 s slower; benchmarks/RESULTS.md); a GPU keeps 512
-        self.fuse_prefill_max = 320 if str(getattr(target, "device", "cpu")).startswith("cpu") else 512
+        # slower, 700-1,060 tokens 0.5-1.5 s slower). On a GPU the fused forward is one CUDA graph
+        # (rows padded to a power of two) where the prefill runs eagerly: start + first step on an
+        # H200 (random bf16 1.5B, benchmarks/measure_fuse_length.py) 0.14-0.40x of apart up to
+        # 1,536 tokens, 0.55-0.67x at 2,048, 0.80x at 3,072, 1.22x at 4,096 (benchmarks/RESULTS.md)
+        device = str(getattr(target, "device", "cpu"))
+        self.fuse_prefill_max = 320 if device.startswith("cpu") else 2048 if device.startswith("cuda") else 512
+        # a longer prompt prefills its whole chunks apart and fuses the rest, when that fits in
+        # fuse_prefill_max (:meth:`fused_head`); False: a longer prompt prefills apart entirely
+        self.fuse_tail = True
 
     def _now(self) -> float:
         """Wall time after the device's queued work (a GPU timer must not read launch times)."""
@@ -202,7 +209,8 @@ class SpecEngine:
         holds the same prompt rows, computed with the same causal visibility). That first
         forward's time counts as the sequence's prefill (``stats.prefill_s``: the time to its
         first verified tokens, as a separate prefill counted it up to the prompt's end). A batch
-        passes ``False``: its other sequences' trees would be padded to the prompt's length.
+        passes ``False``: its other sequences' trees would be padded to the prompt's length. A
+        longer prompt prefills its whole chunks here and fuses the rest (:meth:`fused_head`).
 
         A drafter that asks for hidden states only and sets ``deferred_prefill`` (AdaPLD) does
         not stop the fusing: the first step's forward returns the prompt rows' hidden states
@@ -217,16 +225,41 @@ class SpecEngine:
         """
         seq, request = self._open(prompt, config, speculative)
         try:
-            if fuse_prefill and self.can_fuse(request) and len(prompt) - 1 <= self.fuse_prefill_max:
-                seq.unfilled, seq.deferred_prefill = list(prompt[:-1]), request != PrefillRequest() and len(prompt) > 1
-                prefill = PrefillOutput(deferred=seq.deferred_prefill)
-            else:
+            head = self.fused_head(len(prompt) - 1) if fuse_prefill and self.can_fuse(request) else None
+            if head is None:
                 prefill = self.target.prefill(seq.slot, list(prompt[:-1]), request)
+            else:
+                seq.unfilled, seq.deferred_prefill = list(prompt[head:-1]), request != PrefillRequest() and len(prompt) > 1
+                # the head's rows (whole prefill chunks) apart; a drafter gets theirs at begin, the rest with the first step
+                prefill = self.target.prefill(seq.slot, list(prompt[:head]), request) if head else PrefillOutput(deferred=seq.deferred_prefill)
             self._begin(seq, prompt, prefill, speculative)
         except BaseException:
             self.finish(seq)
             raise
         return seq
+
+    def fused_head(self, rows: int) -> int | None:
+        """How many of a prompt's first ``rows`` rows (all its tokens but the root) to prefill
+        apart when the rest ride in the first step's forward; None: prefill them all apart.
+
+        All of them fuse up to :attr:`fuse_prefill_max`. A longer prompt (with :attr:`fuse_tail`)
+        prefills its whole chunks of the target's ``prefill_chunk`` rows apart and fuses the rest
+        when that fits: the forward that would have prefilled the last, partial chunk is saved,
+        and no forward grows past a chunk plus a tree (on a CPU a 768-row forward costs more per
+        row than a 512-row one: the fused 768-token prompt lost 0.4 s where a 512-token one won 0.5 s).
+
+        >>> class T: prefill_chunk = 512
+        >>> e = SpecEngine.__new__(SpecEngine); e.target, e.fuse_prefill_max, e.fuse_tail = T(), 320, True
+        >>> [e.fused_head(n) for n in (300, 700, 1024, 1100, 1400)]
+        [0, 512, None, 1024, None]
+        """
+        if rows <= self.fuse_prefill_max:
+            return 0
+        chunk = int(getattr(self.target, "prefill_chunk", 0) or 0)
+        if not self.fuse_tail or chunk <= 0:
+            return None
+        tail = rows % chunk
+        return rows - tail if 0 < tail <= self.fuse_prefill_max else None
 
     def can_fuse(self, request: PrefillRequest) -> bool:
         """Whether a start with this prefill request may feed the prompt in the first step's

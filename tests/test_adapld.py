@@ -156,6 +156,24 @@ def test_observe_keeps_the_memory_in_step_and_learns():
     assert st.rates.rate(1, 1) > before  # a right first copy
 
 
+def test_packed_rows_equal_the_three_copies():
+    """observe's one device-to-host copy (``_rows_to_host``) gives what ``_top`` and ``_unit`` give
+    (the probabilities through ``log_softmax``: equal to a sum of 151,936 float32 terms' rounding)."""
+    from specgraft.drafters.adapld import _rows_to_host, _top, _unit
+
+    gen = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = (torch.randn(5, 151_936, generator=gen) * 4).to(dtype)
+        hidden = torch.randn(5, 64, generator=gen).to(dtype)
+        ids, probs, units = _rows_to_host(logits, hidden, 9)
+        ids_plain, probs_plain = _top(logits, 9)
+        assert ids.dtype == ids_plain.dtype and np.array_equal(ids, ids_plain)
+        assert np.allclose(probs, probs_plain, rtol=1e-4, atol=1e-9)
+        assert np.array_equal(units, _unit(hidden))
+        ids_only, probs_only, none = _rows_to_host(logits, None, 9)
+        assert np.array_equal(ids_only, ids_plain) and np.array_equal(probs_only, probs) and none is None
+
+
 def test_prefill_and_verify_give_layer_states_and_topk_like_a_full_forward():
     model = TINY_MODELS["qwen2"](layers=3)
     target = HFTarget(model, prefill_chunk=5)
@@ -246,6 +264,39 @@ def test_prompt_logits_on_demand_equal_a_full_forward():
     assert ids.tolist() == probs[3].topk(drafter.top_k).indices.tolist()
     assert np.allclose(p, probs[3].topk(drafter.top_k).values.numpy(), atol=1e-5)
     assert state.has_top.tolist() == [False, False, False, True, False, False]
+
+
+def test_prompt_logits_at_once_give_the_on_demand_trees():
+    """``prompt_logits="at-once"`` (a GPU's default) computes every prompt position's top-k when
+    the prompt's rows arrive and reads it on first use: the same top-k as on demand (to float32
+    rounding of a batched head), hence the same trees, steps and tokens, equal to plain decoding."""
+    model = TINY_MODELS["qwen2"]()
+    target = HFTarget(model)
+    config = GenerationConfig(max_new_tokens=16, budget=16)
+    runs = {}
+    for mode in ("on-demand", "at-once"):
+        cfg = AdaPLDConfig(anchor_logits="exact", prompt_logits=mode, min_prob=0.0)
+        drafter = build_adapld(target, cfg)
+        engine = SpecEngine(target, [drafter], get_method("adapld").build(target, MethodOptions())[1], method="adapld")
+        engine.fuse_prefill_max = 0  # the prompt's rows at begin: the memory is inspected after
+        out = []
+        for prompt, _ in make_prompts(12, model.config.vocab_size):
+            seq = engine.start(prompt, config)
+            state = seq.drafter_states[0]
+            assert (state.prompt_top is not None) == (mode == "at-once")
+            while not seq.done:
+                engine.step(seq)
+            used = np.flatnonzero(state.has_top[: len(prompt) - 1])
+            out.append((list(seq.new_tokens), seq.stats.steps, used.tolist(), state.top_ids[used].tolist(), state.top_probs[used]))
+            engine.finish(seq)
+            assert out[-1][0] == hf_greedy(model, prompt, 16)
+        runs[mode] = out
+    assert any(len(r[2]) for r in runs["on-demand"]), "no prompt anchor's distribution was used"
+    for a, b in zip(runs["on-demand"], runs["at-once"], strict=True):
+        assert a[:4] == b[:4]
+        assert np.allclose(a[4], b[4], rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="prompt_logits"):
+        AdaPLDConfig(prompt_logits="sometimes")
 
 
 def test_lazy_successors_equal_the_whole_tree_cut_after():

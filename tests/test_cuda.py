@@ -196,3 +196,30 @@ def test_cuda_graphs_replay_exactly(name):
     assert runs[True] == runs[False]
     for (p, _), out in zip(make_prompts(8, model.config.vocab_size), runs[True]):
         assert out == hf_greedy(model, p, 24)
+
+
+def test_adapld_fused_and_apart_and_packed_rows_on_cuda():
+    """AdaPLD's prompt in the first forward (``fill_outputs``: copies of the graphs' buffers) and
+    prefilled apart give plain decoding's tokens on the GPU; ``observe``'s one packed copy to the
+    host gives what the three copies give."""
+    import numpy as np
+
+    from specgraft.drafters.adapld import _rows_to_host, _top, _unit
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = TINY_MODELS["qwen2"]().cuda()
+    config = GenerationConfig(max_new_tokens=24, budget=12)
+    target = HFTarget(model)
+    for name in ("adapld", "adapld-full"):
+        drafters, composer = build_method(name, target, MethodOptions())
+        engine = SpecEngine(target, drafters, composer, method=name)
+        for fuse_max in (512, 0):
+            engine.fuse_prefill_max = fuse_max
+            for p, _ in make_prompts(6, model.config.vocab_size):
+                assert engine.generate_ids(p, config) == hf_greedy(model, p, 24), f"{name} fuse_prefill_max={fuse_max}"
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    logits = torch.randn(4, 151_936, device="cuda", generator=gen, dtype=torch.bfloat16)
+    hidden = torch.randn(4, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
+    ids, probs, units = _rows_to_host(logits, hidden, 9)
+    plain_ids, plain_probs = _top(logits, 9)
+    assert (ids == plain_ids).all() and np.allclose(probs, plain_probs, rtol=1e-4, atol=1e-9) and (units == _unit(hidden)).all()

@@ -163,6 +163,18 @@ def test_adapld_fused_start_is_lossless(arch):
                             GenerationConfig(max_new_tokens=8, budget=8, sampling=SamplingConfig(temperature=0.8, seed=1)))
 
 
+def prompt_memory(state, rows: int) -> tuple:
+    """An AdaPLD state's prompt rows: unit layer states, final hidden states, which have top-k."""
+    return state.hidden[:rows].copy(), state.prompt_final.clone(), state.has_top[:rows].copy()
+
+
+def assert_same_memory(a: tuple, b: tuple, rows: int, hidden_size: int) -> None:
+    """Two runs' prompt memories agree (float tolerance: the rows rode in forwards of other sizes)."""
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(a[1], b[1])
+    assert a[1].shape == (rows, hidden_size)
+
+
 def test_adapld_gets_the_prompt_rows_with_its_first_step():
     """Fused: ``begin`` sees no hidden states, the first ``observe`` gets the prompt's rows; after
     it the memory holds what a prefill apart gives (float tolerance: a larger forward)."""
@@ -179,12 +191,9 @@ def test_adapld_gets_the_prompt_rows_with_its_first_step():
         assert state.known == (0 if fuse else len(prompt) - 1)
         engine.step(seq)
         assert not seq.deferred_prefill and state.known == len(seq.context) - 1
-        memories.append((state.hidden[: len(prompt) - 1].copy(), state.prompt_final.clone(), state.has_top[: len(prompt) - 1].copy()))
+        memories.append(prompt_memory(state, len(prompt) - 1))
         engine.finish(seq)
-    (h1, f1, t1), (h2, f2, t2) = memories
-    np.testing.assert_allclose(h1, h2, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(f1, f2)
-    assert f1.shape == (len(prompt) - 1, model.config.hidden_size)
+    assert_same_memory(*memories, rows=len(prompt) - 1, hidden_size=model.config.hidden_size)
 
 
 def test_fused_start_needs_a_target_that_returns_the_prompt_rows():
@@ -197,3 +206,88 @@ def test_fused_start_needs_a_target_that_returns_the_prompt_rows():
     seq = engine.start([5, 6, 7, 8], GenerationConfig(max_new_tokens=4))
     assert seq.unfilled == [] and not seq.deferred_prefill and engine.target.length(seq.slot) == 3
     engine.finish(seq)
+
+
+def tail_engines(model, chunk: int) -> dict[str, SpecEngine]:
+    """``ar``, ``pld``, a draft-model tree and both AdaPLD variants over one target whose prefill
+    runs in chunks of ``chunk`` rows."""
+    target = HFTarget(model, prefill_chunk=chunk)
+    out = {}
+    for name in ("ar", "pld", "adapld", "adapld-full"):
+        drafters, composer = get_method(name).build(target, MethodOptions())
+        out[name] = SpecEngine(target, drafters, composer, method=name)
+    drafter = DraftModelDrafter(perturbed(model), DraftTreeConfig(depth=3, top_k=3), target_vocab=model.config.vocab_size)
+    out["draft-tree"] = SpecEngine(target, [drafter], GraftComposer(GraftConfig(variant="draft-tree")), method="draft-tree")
+    return out
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_MODELS))
+def test_a_long_prompt_fuses_its_tail(arch):
+    """Past ``fuse_prefill_max`` a prompt prefills its whole chunks apart and fuses the rest
+    (``SpecEngine.fused_head``): the same tokens as the prefill apart, greedy and sampled (and
+    the same steps, but for AdaPLD, whose first tree has no hidden states of the fused rows)."""
+    model = TINY_MODELS[arch]()
+    greedy = GenerationConfig(max_new_tokens=12, budget=8)
+    sampled = GenerationConfig(max_new_tokens=12, budget=8, sampling=SamplingConfig(temperature=0.8, seed=5))
+    prompts = [p * 3 for p, _ in make_prompts(8, vocab=model.config.vocab_size)]
+    for name, engine in tail_engines(model, chunk=8).items():
+        fused_tails = 0
+        for prompt in prompts:
+            for config in (greedy, sampled):
+                outs = {}
+                for tail in (True, False):
+                    engine.fuse_prefill_max, engine.fuse_tail = 5, tail
+                    seq = engine.start(prompt, config)
+                    head = engine.fused_head(len(prompt) - 1)
+                    if head is None or (head and not tail):
+                        assert seq.unfilled == []
+                    else:
+                        fused_tails += head > 0
+                        assert engine.target.length(seq.slot) == head and seq.unfilled == prompt[head:-1]
+                    while not seq.done:
+                        engine.step(seq)
+                    outs[tail] = (list(seq.new_tokens), seq.stats.steps)
+                    engine.finish(seq)
+                if name.startswith("adapld"):
+                    assert outs[True][0] == outs[False][0], f"{arch}/{name} on {prompt}"
+                else:
+                    assert outs[True] == outs[False], f"{arch}/{name} on {prompt}"
+        assert fused_tails >= 8, f"{name}: too few prompts fused a tail"
+
+
+def test_adapld_takes_a_long_prompt_in_two_parts():
+    """A fused tail: AdaPLD gets the head's rows at ``begin`` and the tail's with its first
+    ``observe``; after it the memory holds what one prefill apart gives."""
+    model = tiny_llama()
+    engine = tail_engines(model, chunk=8)["adapld"]
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6, 9, 11, 5, 6, 7, 12]
+    config = GenerationConfig(max_new_tokens=8, budget=8)
+    memories = []
+    for tail in (True, False):
+        engine.fuse_prefill_max, engine.fuse_tail = 5, tail
+        seq = engine.start(prompt, config)
+        state = seq.drafter_states[0]
+        assert state.known == (8 if tail else len(prompt) - 1) and seq.deferred_prefill == tail
+        engine.step(seq)
+        assert state.known == len(seq.context) - 1
+        memories.append(prompt_memory(state, len(prompt) - 1))
+        engine.finish(seq)
+    assert_same_memory(*memories, rows=len(prompt) - 1, hidden_size=model.config.hidden_size)
+
+
+def test_a_fused_tail_through_the_graphs_path():
+    """The same with the forwards going through ``DecoderGraphs`` (its plain twin on the CPU:
+    static tensors, rows padded to a power of two), as on a GPU: tokens equal to plain decoding."""
+    model = tiny_llama()
+    plain = engines(model)["ar"]
+    target = HFTarget(model, prefill_chunk=8, cuda_graphs=True)
+    assert target.graphs is not None and not target.graphs.capture
+    config = GenerationConfig(max_new_tokens=12, budget=8)
+    for name in ("pld", "adapld"):
+        drafters, composer = get_method(name).build(target, MethodOptions())
+        engine = SpecEngine(target, drafters, composer, method=name)
+        engine.fuse_prefill_max = 5
+        for prompt, _ in make_prompts(6, vocab=model.config.vocab_size):
+            prompt = prompt * 3
+            assert engine.generate_ids(prompt, config) == plain.generate_ids(prompt, config), f"{name} on {prompt}"
+    assert target.graphs.stats.replayed > 0

@@ -16,7 +16,8 @@ context alone (prompt and generated tokens, the *memory* ``x_0 .. x_t``; ``x_t``
    prompt positions the prefill keeps the final hidden states and the logits of an anchor are
    computed when it is first chosen (one row through an int8 copy of the output embedding on a
    CPU, ``anchor_logits``), not the prompt's whole ``[T, V]`` (on a 1,500-token prompt that
-   costs ~3 s on the 2-core CPU).
+   costs ~3 s on the 2-core CPU); on a GPU, where one row costs what hundreds do, every prompt
+   position's top-k is computed when the prompt's rows arrive (``prompt_logits``).
 5. **Successors** (eq. 13-15): each branch token ``b`` is looked up like a query (lexical
    positions ``j`` with ``x_j == b``, else the semantic fallback), reranked by the cosine between
    the hidden state after ``x_{j-1}`` and the one after ``x_a`` (``b``'s context if it follows the
@@ -129,6 +130,14 @@ class AdaPLDConfig:
     final hidden state: ``"draft"`` through the target's drafting head (``HFTarget.draft_head``:
     an int8 copy of the output embedding on a CPU, ~6 ms a row against ~21 ms), ``"exact"``
     through the target's own head (the plain twin). Branches only; verification is exact."""
+    prompt_logits: str = "auto"
+    """When a prompt anchor's next-token distribution is computed: ``"on-demand"``, the first
+    time the position is an anchor whose branches can pass the cut (one row through the drafting
+    head); ``"at-once"``, every prompt position's top-k when the prompt's rows arrive (chunks
+    through the head, one copy to the host), read at first use, so the trees are on-demand's;
+    ``"auto"``: at once when those rows are on a GPU, where one row's head and top-k cost what
+    hundreds do (launch-bound), on demand on a CPU, where a 1,500-token prompt's logits cost ~3 s
+    on two cores."""
     prior_first: tuple[float, ...] = (0.3, 0.5, 0.8)
     """Prior rate of the main copy's first token, by agreement n = 1, 2, >=3 before the anchor."""
     prior_later: tuple[float, ...] = (0.5, 0.7, 0.88)
@@ -158,6 +167,8 @@ class AdaPLDConfig:
             raise ValueError(f"layer must be >= 1 (a decoder layer's output), got {self.layer}")
         if self.anchor_logits not in ("draft", "exact"):
             raise ValueError(f"anchor_logits is 'draft' or 'exact', got {self.anchor_logits!r}")
+        if self.prompt_logits not in ("auto", "on-demand", "at-once"):
+            raise ValueError(f"prompt_logits is 'auto', 'on-demand' or 'at-once', got {self.prompt_logits!r}")
         if len(self.prior_first) != len(self.prior_later) or not self.prior_first:
             raise ValueError("prior_first and prior_later need the same, non-zero length")
 
@@ -265,6 +276,8 @@ class AdaPLDState:
     prompt_final: torch.Tensor | None = None
     # [cap] bool: top_ids/top_probs of the position are filled
     has_top: np.ndarray | None = None
+    # ([P, k] ids, [P, k] probabilities) of every prompt position, computed at once (prompt_logits)
+    prompt_top: tuple[np.ndarray, np.ndarray] | None = None
     # the memory's distinct tokens and their unit embeddings (the semantic fallback), built on first use
     seen: SeenTokens | None = None
 
@@ -301,6 +314,36 @@ def _top(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     best = logits.float().topk(k, dim=-1)
     probs = (best.values - logits.float().logsumexp(dim=-1, keepdim=True)).exp()
     return best.indices.cpu().numpy(), probs.cpu().numpy()
+
+
+def _rows_to_host(logits: torch.Tensor, hidden: torch.Tensor | None, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(*_top(logits, k), _unit(hidden))`` with one device-to-host copy instead of three (two
+    without ``hidden``, which gives None for it).
+
+    On a GPU each ``.cpu()`` waits for the device; the verified rows' top-k ids (exact in
+    float32 below 2**24), probabilities and unit hidden states travel packed in one
+    ``[n, 2k + H]`` float32 tensor, and the probabilities come from one ``log_softmax`` (a fused
+    kernel) instead of ``logsumexp``'s several. On an H200 (bf16 rows of a 151,936-token
+    vocabulary): 0.29-0.42 ms for 1-8 rows against 0.40-0.66 ms for the twin's three copies; on
+    a 2-core Zen 5 0.28-1.03 ms against 0.28-1.24 (``results-issue13/gpu-adapld-host``). The
+    same ids as the twin and the same probabilities to 1e-4 (float32 sums over the vocabulary
+    in another order; ``tests/test_adapld.py``). They rank branches; verification never sees them.
+
+    >>> ids, probs, units = _rows_to_host(torch.tensor([[0.0, 2.0, 1.0]]), torch.tensor([[3.0, 4.0]]), 2)
+    >>> ids.tolist(), [round(float(u), 3) for u in units[0]]
+    ([[1, 2]], [0.6, 0.8])
+    """
+    if logits.shape[-1] >= 1 << 24:  # ids would not be exact in float32
+        ids, probs = _top(logits, k)
+        return ids, probs, _unit(hidden) if hidden is not None else None
+    best = torch.log_softmax(logits, dim=-1, dtype=torch.float32).topk(k, dim=-1)
+    parts = [best.indices.float(), best.values.exp()]
+    if hidden is not None:
+        h = hidden.float().to(logits.device)
+        parts.append(h / h.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+    packed = torch.cat(parts, dim=-1).cpu().numpy()
+    units = np.ascontiguousarray(packed[:, 2 * k :]) if hidden is not None else None
+    return packed[:, :k].astype(np.int64), np.ascontiguousarray(packed[:, k : 2 * k]), units
 
 
 class AdaPLDDrafter(StatelessDrafter):
@@ -372,16 +415,29 @@ class AdaPLDDrafter(StatelessDrafter):
 
     def take_prefill(self, state: AdaPLDState, prefill: PrefillOutput) -> None:
         """The prompt's rows of the memory (hidden states, and the top-k or the final hidden
-        states it is computed from), from the prefill or, on a fused start, the first step."""
+        states it is computed from), from the prefill or, on a fused start, the first step; a
+        long prompt's come in two parts (its whole prefill chunks at begin, the rest with the
+        first step: ``SpecEngine.fused_head``), appended in order."""
         if prefill.hidden is None:
             raise ValueError("AdaPLD needs the prefill's hidden states (prefill_request)")
         n = len(prefill.hidden)
         ids = np.zeros((n, self.top_k), dtype=np.int64)
         probs = np.zeros((n, self.top_k), dtype=np.float32)
         if prefill.final_hidden is not None:
-            # the prompt's logits come on demand (top_of)
-            state.prompt_final = prefill.final_hidden
-            state.has_top = np.zeros(n, dtype=bool)
+            # the prompt's logits are read on first use (top_of), computed then or now
+            if state.prompt_final is not None and len(state.prompt_final) != state.known:
+                raise ValueError(f"AdaPLD got prompt rows after {state.known} rows of its memory, "
+                                 f"{len(state.prompt_final)} of them the prompt's: they must follow the prompt's first part")
+            first = state.prompt_final is None
+            state.prompt_final = prefill.final_hidden if first else torch.cat([state.prompt_final, prefill.final_hidden])
+            if first:
+                state.has_top = np.zeros(n, dtype=bool)
+            mode = self.config.prompt_logits
+            if self.config.branches and (mode == "at-once" or (mode == "auto" and prefill.final_hidden.device.type != "cpu")):
+                top = self.prompt_top(prefill.final_hidden)
+                if state.prompt_top is not None:
+                    top = (np.concatenate([state.prompt_top[0], top[0]]), np.concatenate([state.prompt_top[1], top[1]]))
+                state.prompt_top = top
             state.append_rows(_unit(prefill.hidden), ids, probs, filled=False)
             return
         if prefill.topk is not None and prefill.topk_probs is not None:
@@ -397,14 +453,33 @@ class AdaPLDDrafter(StatelessDrafter):
         prompt position whose logits were computed)."""
         return state.has_top is None or a >= len(state.has_top) or bool(state.has_top[a])
 
+    def prompt_top(self, final: torch.Tensor, chunk: int = 256) -> tuple[np.ndarray, np.ndarray]:
+        """``[P, k]`` top-k ids and probabilities of every prompt position from its final hidden
+        state ``final`` ``[P, H]`` (``prompt_logits="at-once"``): ``chunk`` rows at a time through
+        the drafting head, one copy to the host at the end."""
+        if self.logits_of is None:
+            raise ValueError("AdaPLD's prompt logits need the target's logits_of")
+        parts = []
+        for i in range(0, len(final), chunk):
+            best = torch.log_softmax(self.logits_of(final[i : i + chunk]), dim=-1, dtype=torch.float32).topk(self.top_k, dim=-1)
+            parts.append(torch.cat([best.indices.float(), best.values.exp()], dim=-1))
+        if not parts:
+            return np.zeros((0, self.top_k), np.int64), np.zeros((0, self.top_k), np.float32)
+        packed = torch.cat(parts).cpu().numpy()
+        return packed[:, : self.top_k].astype(np.int64), np.ascontiguousarray(packed[:, self.top_k :])
+
     def top_of(self, state: AdaPLDState, a: int) -> tuple[np.ndarray, np.ndarray]:
-        """The target's top-k ids and probabilities after position ``a`` (computed on first use for
-        a prompt position, kept from the verify pass for a generated one)."""
+        """The target's top-k ids and probabilities after position ``a`` (read on first use for a
+        prompt position, computed then unless ``prompt_top`` was; kept from the verify pass for
+        a generated one)."""
         if state.has_top is not None and a < len(state.has_top) and not state.has_top[a]:
-            if self.logits_of is None or state.prompt_final is None:
-                raise ValueError(f"AdaPLD has no logits for prompt position {a}: build it with the target's logits_of")
-            ids, probs = _top(self.logits_of(state.prompt_final[a : a + 1]), self.top_k)
-            state.top_ids[a], state.top_probs[a] = ids[0], probs[0]
+            if state.prompt_top is not None:
+                state.top_ids[a], state.top_probs[a] = state.prompt_top[0][a], state.prompt_top[1][a]
+            else:
+                if self.logits_of is None or state.prompt_final is None:
+                    raise ValueError(f"AdaPLD has no logits for prompt position {a}: build it with the target's logits_of")
+                ids, probs, _ = _rows_to_host(self.logits_of(state.prompt_final[a : a + 1]), None, self.top_k)
+                state.top_ids[a], state.top_probs[a] = ids[0], probs[0]
             state.has_top[a] = True
         return state.top_ids[a], state.top_probs[a]
 
@@ -564,8 +639,8 @@ class AdaPLDDrafter(StatelessDrafter):
             if step.hidden is None:
                 raise ValueError("AdaPLD needs the verify pass's hidden states (needs_hidden)")
             idx = torch.as_tensor(rows, device=step.logits.device)
-            ids, probs = _top(step.logits[idx], self.top_k)
-            state.append_rows(_unit(step.hidden[idx.to(step.hidden.device)]), ids, probs)
+            ids, probs, units = _rows_to_host(step.logits[idx], step.hidden[idx.to(step.hidden.device)], self.top_k)
+            state.append_rows(units, ids, probs)
         state.sync(step.context)
         if last is None:
             return
