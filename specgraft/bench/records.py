@@ -84,22 +84,31 @@ def append_row(path: Path, row: ResultRow) -> None:
         os.fsync(f.fileno())
 
 
+def drop_partial_last_line(path: Path) -> bool:
+    """Cut a last line without its newline (a write interrupted by a kill) off a JSONL file, so
+    reading and appending start clean; whether there was one."""
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    path.write_bytes(data[: data.rfind(b"\n") + 1])
+    return True
+
+
 def read_rows(path: Path, repair: bool = False) -> list[ResultRow]:
     """All rows of a results file.
 
     A run killed mid-write can leave a last line without its newline; with ``repair`` that
-    line is cut off the file (it is re-measured), otherwise it is an error like any other
-    malformed line.
+    line is cut off the file (:func:`drop_partial_last_line`; it is re-measured), otherwise it
+    is an error like any other malformed line.
     """
     if not path.exists():
         return []
+    if repair:
+        drop_partial_last_line(path)
     raw = path.read_text(encoding="utf-8")
     lines = raw.split("\n")
-    tail = lines.pop()  # "" when the file ends with a newline
-    if tail:
-        if not repair:
-            raise ValueError(f"{path}: the last line is incomplete (an interrupted run?); resume to repair it")
-        path.write_text("\n".join(lines) + ("\n" if lines else ""), encoding="utf-8")
+    if lines.pop():  # "" when the file ends with a newline
+        raise ValueError(f"{path}: the last line is incomplete (an interrupted run?); resume to repair it")
     rows: list[ResultRow] = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():

@@ -581,10 +581,8 @@ def make_row(
         row.tokens_per_step = d["tokens_per_step"]
         row.proposed_by_source = d["proposed_by_source"]
         row.accepted_by_source = d["accepted_by_source"]
-        row.time_breakdown_s = d["time_s"]
-        if len(rounds) > 1:
-            phases = [r.stats.to_dict()["time_s"] for r in rounds]
-            row.time_breakdown_s = {k: round(sum(p[k] for p in phases) / len(phases), 6) for k in phases[0]}
+        phases = [d["time_s"]] + [r.stats.to_dict()["time_s"] for r in rounds[1:]]
+        row.time_breakdown_s = {k: round(sum(p[k] for p in phases) / len(phases), 6) for k in phases[0]} if len(phases) > 1 else phases[0]
     if len(rounds) > 1:
         row.round_times_s = [round(r.time_s, 6) for r in rounds]
     if method.is_peer and hf_tokens is not None:

@@ -97,6 +97,7 @@ def generate_answers(
     """
     from rich.console import Console
 
+    from specgraft.bench.records import drop_partial_last_line
     from specgraft.bench.runner import conversation_ids, progress_bar
 
     out_path = Path(out_path)
@@ -111,7 +112,7 @@ def generate_answers(
         else:
             todo.append(p)
     if out_path.exists():
-        _drop_partial_last_line(out_path)
+        drop_partial_last_line(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     has_template = bool(getattr(decoder.tokenizer, "chat_template", None))
     t0 = time.perf_counter()
@@ -133,9 +134,3 @@ def generate_answers(
             bar.update(task, advance=1, description=f"answers ({run.tokens_per_s:.1f} tokens/s)")
     return run
 
-
-def _drop_partial_last_line(path: Path) -> None:
-    """Cut a last line without its newline (an interrupted write) so appending starts clean."""
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        path.write_bytes(data[: data.rfind(b"\n") + 1])
