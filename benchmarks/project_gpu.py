@@ -5,8 +5,9 @@ forward costs but never what a real model accepts. This script joins the two hal
 
 1. ``trace`` steps the engine itself (one process, one model load, variants in an order that
    alternates from prompt to prompt) and writes, per prompt and variant, every step's verified
-   rows, emitted tokens, target forward time, the draft model's forwards (rows and time) and
-   the step's wall time, plus the start (prefill). On the CPU with the real models this is the
+   rows, emitted tokens, target forward time, the draft model's forwards (rows and time), the
+   engine's drafting, verify, commit and observe times and the step's wall time, plus the start
+   (prefill); ``--profile FILE`` adds a cProfile of some variants' steps (where host work goes). On the CPU with the real models this is the
    deterministic part (rows and tokens per step). On the GPU it gives each method's host work
    per step (the step's wall time less its forwards); with ``--force`` (a CPU trace) the random
    target's logits are peaked on the recorded tokens (:func:`force_logits`), so it emits the
@@ -205,6 +206,11 @@ def trace(args) -> None:
         first = suite.prompts[0]
         decoders[variants[0][0]].engine.generate_ids(conversation_ids(base.tokenizer, first.turns[:1], [], first.chat),
                                                       GenerationConfig(max_new_tokens=4, budget=budgets[variants[0][0]]))
+    profiler = None
+    if args.profile:  # cProfile of the steps of --profile-variants (host work: where it goes)
+        import cProfile
+
+        profiler = cProfile.Profile()
     with ForwardLog(base.target) as log:
         for i, prompt in enumerate(suite.prompts):
             ids = conversation_ids(base.tokenizer, prompt.turns[:1], [], prompt.chat)
@@ -227,9 +233,14 @@ def trace(args) -> None:
                     before = len(seq.new_tokens)
                     log.force = (truth, before) if truth else None
                     log.force_s = 0.0
+                    host = (seq.stats.verify_s, seq.stats.commit_s, seq.stats.observe_s)
+                    if profiler is not None and name in args.profile_variants.split(","):
+                        profiler.enable()
                     t1 = time.perf_counter()
                     engine.step(seq)
                     wall = time.perf_counter() - t1 - log.force_s
+                    if profiler is not None:
+                        profiler.disable()
                     calls = log.take()
                     target = [(r, s) for is_t, r, s in calls if is_t]
                     draft = [(r, s) for is_t, r, s in calls if not is_t]
@@ -241,6 +252,9 @@ def trace(args) -> None:
                         "draft_rows": [r for r, _ in draft],
                         "draft_s": round(sum(s for _, s in draft), 6),
                         "drafting_s": round(seq.last_draft_s, 6),
+                        "verify_s": round(seq.stats.verify_s - host[0], 6),
+                        "commit_s": round(seq.stats.commit_s - host[1], 6),
+                        "observe_s": round(seq.stats.observe_s - host[2], 6),
                         "wall_s": round(wall, 6),
                     })
                 log.force = None
@@ -258,6 +272,12 @@ def trace(args) -> None:
                 out.flush()
                 print(f"{prompt.id:18s} {name:24s} b{budgets[name]:<3d} steps {len(steps):4d} "
                       f"MAT {len(seq.new_tokens) / max(len(steps), 1):5.2f} wall {record['wall_s']:7.2f} s", flush=True)
+    if profiler is not None:
+        import pstats
+
+        with open(args.profile, "w") as f:
+            pstats.Stats(profiler, stream=f).sort_stats("tottime").print_stats(40)
+            pstats.Stats(profiler, stream=f).sort_stats("cumulative").print_stats(40)
 
 
 # -- replay ----------------------------------------------------------------------------------
@@ -528,6 +548,8 @@ def main() -> None:
     t.add_argument("--max-new-tokens", type=int, default=128)
     t.add_argument("--out", required=True)
     t.add_argument("--resume", action="store_true", help="append, skipping (prompt, variant) pairs already in --out")
+    t.add_argument("--profile", help="write a cProfile of --profile-variants' steps (text, by own and cumulative time) here")
+    t.add_argument("--profile-variants", default="adapld", help="comma list of variant names to profile")
     t.add_argument("--force", help="a trace whose ar tokens the target is forced to emit (random-weight models: real text)")
     r = sub.add_parser("replay", help="feed a trace's forwards again (row counts, in order) on this device")
     r.add_argument("--trace", action="append", required=True)
