@@ -246,7 +246,9 @@ class SpecEngine:
         prefills its whole chunks of the target's ``prefill_chunk`` rows apart and fuses the rest
         when that fits: the forward that would have prefilled the last, partial chunk is saved,
         and no forward grows past a chunk plus a tree (on a CPU a 768-row forward costs more per
-        row than a 512-row one: the fused 768-token prompt lost 0.4 s where a 512-token one won 0.5 s).
+        row than a 512-row one: the fused 768-token prompt lost 0.4 s where a 512-token one won 0.5 s;
+        with the CPU's 256-row chunks, start + first step of a 600-1,100-token prompt took 8-13%
+        less than whole 512-row chunks apart, ``benchmarks/RESULTS.md``).
 
         >>> class T: prefill_chunk = 512
         >>> e = SpecEngine.__new__(SpecEngine); e.target, e.fuse_prefill_max, e.fuse_tail = T(), 320, True
