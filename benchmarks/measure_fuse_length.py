@@ -2,8 +2,10 @@
 
 ``SpecEngine.start`` runs a short prompt's prefill inside the first step's forward (one forward
 instead of two; ``fuse_prefill_max`` tokens at most). Past some length the fused forward loses:
-its prompt rows go through the tree path's explicit-mask attention instead of the prefill's causal
-kernel. This measures that crossover on the machine at hand: for each prompt length, a method's
+on a CPU one forward of many rows costs more per row than the prefill's chunks (its activations
+leave the cache), on a GPU its attention grows with the square of the rows, which a CUDA graph's
+padding to a power of two doubles again. This measures that crossover on the machine at hand:
+for each prompt length, a method's
 ``start`` + first ``step`` with fusing forced on (``fuse_prefill_max`` = the length) and off (0),
 in an order that alternates from round to round, the same emitted tokens both ways (checked: one
 is a prefix of the other, since AdaPLD's first tree differs when fused; in float32 only: in bf16

@@ -7,8 +7,9 @@ forward costs but never what a real model accepts. This script joins the two hal
    alternates from prompt to prompt) and writes, per prompt and variant, every step's verified
    rows, emitted tokens, target forward time, the draft model's forwards (rows and time), the
    engine's drafting, verify, commit and observe times and the step's wall time, plus the start
-   (prefill); ``--profile FILE`` adds a cProfile of some variants' steps (where host work goes). On the CPU with the real models this is the
-   deterministic part (rows and tokens per step). On the GPU it gives each method's host work
+   (prefill); ``--profile FILE`` adds a cProfile of some variants' steps (where host work goes).
+   On the CPU with the real models this is the deterministic part (rows and tokens per step).
+   On the GPU it gives each method's host work
    per step (the step's wall time less its forwards); with ``--force`` (a CPU trace) the random
    target's logits are peaked on the recorded tokens (:func:`force_logits`), so it emits the
    real text and the drafters see real anchors and matches (prompt lookup's steps then equal
