@@ -139,10 +139,11 @@ class SpecEngine:
         self.hidden_layer = layers.pop() if layers else None
         self.last_stats = GenerationStats(method=self.method)
         # prompts up to this many tokens (the root excluded) may be prefilled in the first
-        # step's forward (:meth:`start`); 0 = always prefill apart. On a CPU the fused chain's
-        # attention (an explicit tree mask) outgrows the saved forward past ~350 tokens (1.5B,
-        # 2-core Zen 5: 260-300-token prompts 0.04-0.37 s faster fused, a 385-token one 0.13-0.30 s
-        # slower, 700-1,060 tokens 0.5-1.5 s slower). On a GPU the fused forward is one CUDA graph
+        # step's forward (:meth:`start`); 0 = always prefill apart. On a CPU a forward of that many
+        # rows costs more per row (its activations leave the cache) than the saved forward is worth
+        # past ~350 tokens (1.5B, 2-core Zen 5: 260-300-token prompts 0.04-0.37 s faster fused, a
+        # 385-token one 0.13-0.30 s slower, 700-1,060 tokens 0.5-1.5 s slower; longer prompts fuse
+        # their last part, :meth:`fused_head`). On a GPU the fused forward is one CUDA graph
         # (rows padded to a power of two) where the prefill runs eagerly: start + first step on an
         # H200 (random bf16 1.5B, benchmarks/measure_fuse_length.py) 0.14-0.45x of apart up to
         # 1,536 tokens, 0.55-0.67x at 2,048, 0.80x at 3,072, 1.22x at 4,096 (benchmarks/RESULTS.md)
