@@ -316,6 +316,14 @@ def _top(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     return best.indices.cpu().numpy(), probs.cpu().numpy()
 
 
+def _packed_top(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """``[n, 2k]`` float32 on the logits' device: the top-k ids (exact below 2**24), then their
+    probabilities, from one ``log_softmax`` (what :func:`_rows_to_host` and
+    ``AdaPLDDrafter.prompt_top`` copy to the host)."""
+    best = torch.log_softmax(logits, dim=-1, dtype=torch.float32).topk(k, dim=-1)
+    return torch.cat([best.indices.float(), best.values.exp()], dim=-1)
+
+
 def _rows_to_host(logits: torch.Tensor, hidden: torch.Tensor | None, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """``(*_top(logits, k), _unit(hidden))`` with one device-to-host copy instead of three (two
     without ``hidden``, which gives None for it).
@@ -336,8 +344,7 @@ def _rows_to_host(logits: torch.Tensor, hidden: torch.Tensor | None, k: int) -> 
     if logits.shape[-1] >= 1 << 24:  # ids would not be exact in float32
         ids, probs = _top(logits, k)
         return ids, probs, _unit(hidden) if hidden is not None else None
-    best = torch.log_softmax(logits, dim=-1, dtype=torch.float32).topk(k, dim=-1)
-    parts = [best.indices.float(), best.values.exp()]
+    parts = [_packed_top(logits, k)]
     if hidden is not None:
         h = hidden.float().to(logits.device)
         parts.append(h / h.norm(dim=-1, keepdim=True).clamp_min(1e-12))
@@ -459,10 +466,7 @@ class AdaPLDDrafter(StatelessDrafter):
         the drafting head, one copy to the host at the end."""
         if self.logits_of is None:
             raise ValueError("AdaPLD's prompt logits need the target's logits_of")
-        parts = []
-        for i in range(0, len(final), chunk):
-            best = torch.log_softmax(self.logits_of(final[i : i + chunk]), dim=-1, dtype=torch.float32).topk(self.top_k, dim=-1)
-            parts.append(torch.cat([best.indices.float(), best.values.exp()], dim=-1))
+        parts = [_packed_top(self.logits_of(final[i : i + chunk]), self.top_k) for i in range(0, len(final), chunk)]
         if not parts:
             return np.zeros((0, self.top_k), np.int64), np.zeros((0, self.top_k), np.float32)
         packed = torch.cat(parts).cpu().numpy()
