@@ -8,9 +8,6 @@ trace recorded. Both are checked here on the tiny CPU models.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import torch
 
@@ -20,26 +17,15 @@ from specgraft.methods import MethodOptions, build_method
 from specgraft.models.hf import HFTarget
 
 from tests.conftest import TINY_MODELS
+from tests.scripts import benchmark_script
 from tests.test_draft_tree import perturbed
 from tests.test_greedy_lossless import hf_greedy, make_prompts
-
-
-def _module():
-    """``benchmarks/project_gpu.py`` (a script, loaded by path)."""
-    name = "_specgraft_project_gpu"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "benchmarks" / "project_gpu.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def test_forced_rows_are_the_ones_on_the_recorded_path():
     """Rows from the root (after two prompt rows) whose path spells truth[k:] get their next
     recorded token as argmax; the others keep their logits."""
-    pg = _module()
+    pg = benchmark_script("project_gpu")
     torch.manual_seed(0)
     # rows: prompt p0 p1 | root | a (truth) | b (not) | c under a (truth) | d under b
     tokens = [11, 12, 13, 5, 6, 7, 8]
@@ -56,7 +42,7 @@ def test_a_forced_target_emits_the_recorded_tokens_under_every_method():
     """A tiny model forced onto another model's greedy output emits that output token for token
     with ``ar``, ``pld`` and ``draft-tree`` (trees of a perturbed draft), and the forward log
     sees each step's rows; a replay of the recorded steps runs the same forwards."""
-    pg = _module()
+    pg = benchmark_script("project_gpu")
     model, other = TINY_MODELS["llama"](), TINY_MODELS["llama"]()
     torch.manual_seed(1)
     with torch.no_grad():
@@ -96,7 +82,7 @@ def test_a_forced_target_emits_the_recorded_tokens_under_every_method():
 
 
 def test_host_model_separates_per_step_and_per_draft_forward_work():
-    pg = _module()
+    pg = benchmark_script("project_gpu")
 
     def step(n: int, host: float) -> dict:  # n draft forwards of 5 ms, a 10 ms target forward, host seconds
         return {"wall_s": 0.01 + 0.005 * n + host, "target_s": 0.01, "draft_s": 0.005 * n, "draft_rows": [1] * n}

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import os
 import re
@@ -15,6 +14,8 @@ from pathlib import Path
 
 
 from specgraft.suites import DATA_DIR, SUITES, load_suite
+
+from tests.scripts import benchmark_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "make_code_edit.py"
@@ -29,17 +30,6 @@ def _records() -> list[dict]:
 
 def _humaneval() -> dict[str, dict]:
     return {r["id"]: r for r in map(json.loads, (DATA_DIR / SUITES["humaneval"]).read_text(encoding="utf-8").splitlines())}
-
-
-def _generator():
-    """benchmarks/make_code_edit.py as a module (not a package: loaded by path)."""
-    name = "_specgraft_make_code_edit"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # dataclasses look their module up there
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
 
 
 def _buggy(rec: dict) -> str:
@@ -93,7 +83,7 @@ def test_prompts_hold_one_parsing_bug_each():
 
 def test_bugs_break_humaneval_tests():
     """The stored bug makes HumanEval's check fail; the reference passes (a few items, in subprocesses)."""
-    gen = _generator()
+    gen = benchmark_script("make_code_edit")
     he = _humaneval()
     for rec in _records()[:3]:
         src = he[rec["source_id"]]
@@ -102,7 +92,7 @@ def test_bugs_break_humaneval_tests():
 
 
 def test_mutation_kinds():
-    gen = _generator()
+    gen = benchmark_script("make_code_edit")
     prog = (
         "def f(s, n):\n"
         "    '''doc: a < b and not c'''\n"
@@ -139,7 +129,7 @@ def test_generator_reproduces_the_file(tmp_path):
 
 
 def test_generator_no_check_is_fast_and_well_formed(tmp_path):
-    gen = _generator()
+    gen = benchmark_script("make_code_edit")
     records, _ = gen.build(check=False)
     assert len(records) == 40 and len({r["id"] for r in records}) == 40
     for rec in records:

@@ -30,6 +30,7 @@ from specgraft.integrations.vllm import (
 )
 from specgraft.types import DraftTree, PrefillOutput, StepResult, VerifyResult
 
+from tests.scripts import benchmark_script
 from tests.test_reader import IntTokenizer
 
 K = 5
@@ -435,23 +436,10 @@ def test_docstring_examples():
     assert result.attempted > 0 and result.failed == 0
 
 
-def _replay_module():
-    """``benchmarks/replay_vllm_proposers.py`` (a script, loaded by path)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "replay_vllm_proposers.py"
-    spec = importlib.util.spec_from_file_location("replay_vllm_proposers", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_replay_counts_what_vllm_would_verify():
     """The offline replay of vLLM's greedy loop (its ngram re-implementation is checked against
     vLLM's own in ``tests/integrations/test_vllm_e2e.py``)."""
-    replay = _replay_module()
+    replay = benchmark_script("replay_vllm_proposers")
     prompt, output = [1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 9]
     # step 1: "5 1" never occurred: no draft, vLLM emits 2; step 2: "1 2" did: 3 4 5 1 2 proposed,
     # 3 4 5 accepted, then 9 (the output is complete)
