@@ -1,0 +1,168 @@
+"""READER with an oracle for retrieval: how much could its widening and deepening paths add to `draft-tree`?
+
+READER (issue 13) widens `draft-tree`'s tree with a retrieved path at the root (``d_search``
+tokens) and deepens it with one hung under the draft's best node (``d_deep``). Measured, those
+paths were accepted a handful of times in hundreds. This asks whether *any* retrieval could do
+better, by replacing READER's search with an oracle that knows plain decoding's answer (the
+``ar`` rows of a bench run) and proposes, at both places, the true continuation:
+
+- ``retrievable``: as far as it occurs somewhere READER could have found it, right after an
+  occurrence of the last context token (READER's keys back off down to one token;
+  ``--min-key``): in the prompt and output so far (the trie) or in a datastore
+  (``--datastore``); the longest such prefix, up to the path's depth. No ranking or frequency
+  stands in the way, so no search over these stores can propose a longer right path.
+- ``clairvoyant``: the true continuation up to the path's depth, found or not: the ceiling of
+  READER's tree *shape* whatever the retrieval.
+
+The draft tree is the real one, and the verifier is the real one: outputs must equal ``ar``
+token for token (checked). Deterministic counts (steps, MAT, accepted by source, verified rows a
+step); the times are one pass and only indicative. Example (issue 13's HumanEval set, the
+datastores of the README; ~3 min a variant on a 2-core Zen 5)::
+
+    python benchmarks/measure_reader_oracle.py --results benchmarks/results-issue13/reader-answers-humaneval6-zen5 \\
+        --datastore ~/.cache/specgraft/datastores/code --datastore ~/.cache/specgraft/datastores/answers \\
+        --variant draft-tree --variant reader --variant retrievable --variant clairvoyant \\
+        --variant 'retrievable:{"d_search": 16, "d_deep": 8}'
+
+A variant is ``draft-tree``, ``reader`` (READER's own search), or ``retrievable`` /
+``clairvoyant``, each optionally followed by ``:`` and a JSON object of ``ReaderConfig`` fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from specgraft.api import SpecDecoder
+from specgraft.bench.repetition import longest_match, store_match
+from specgraft.bench.runner import conversation_ids
+from specgraft.drafters.reader_retrieval import ReaderConfig, ReaderRetrieval
+from specgraft.methods import GraftOptions, MethodOptions
+from specgraft.retrieval import SearchPath
+from specgraft.suites import read_prompt_file
+
+
+@dataclasses.dataclass
+class Truth:
+    """The answer of the generation under way: plain decoding's tokens after ``prompt``."""
+
+    prompt: list[int]
+    output: list[int]
+    mode: str = "retrievable"
+    stores: Sequence = ()
+    min_key: int = 1
+    """Context tokens a retrieved path must follow where it was found (0: anywhere)."""
+
+
+TRUTH: Truth | None = None
+_propose, _search = ReaderRetrieval.propose, ReaderRetrieval.search
+
+
+def oracle_propose(self, state, context, budget):
+    state.oracle_len = len(context)  # the deepening search only sees the key's suffix
+    return _propose(self, state, context, budget)
+
+
+def oracle_search(self, state, context, prefix, depth) -> SearchPath:
+    """The true continuation after the context and ``prefix`` (empty when ``prefix`` is already
+    wrong), cut where retrieval could no longer have found it (``retrievable``)."""
+    state.searches += 1
+    truth = TRUTH
+    t = state.oracle_len - len(truth.prompt)
+    ahead = truth.output[t:]
+    if list(prefix) != ahead[: len(prefix)] or depth <= 0:
+        return SearchPath((), (), (), ())
+    path = ahead[len(prefix) : len(prefix) + depth]
+    source = "trie"
+    if truth.mode == "retrievable":
+        seen = truth.prompt + truth.output[: t + len(prefix)]
+        key = seen[len(seen) - truth.min_key :]  # READER's keys back off down to one token
+        here = max(longest_match(key + path, seen) - len(key), 0)
+        there = max((store_match(key + path, s) - len(key) for s in truth.stores), default=0)
+        path, source = path[: max(here, there, 0)], ("trie" if here >= there else "datastore")
+    n = len(path)
+    return SearchPath(tuple(path), (source,) * n, (1.0,) * n, (self.config.key_len,) * n)
+
+
+def use_oracle(on: bool) -> None:
+    """Route every :class:`ReaderRetrieval`'s search through the oracle (``TRUTH`` says the
+    answer and the mode), or restore READER's own."""
+    ReaderRetrieval.propose, ReaderRetrieval.search = (oracle_propose, oracle_search) if on else (_propose, _search)
+
+
+def main() -> None:
+    global TRUTH
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", required=True, type=Path, help="A bench run with `ar` rows of the prompts (its suite).")
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--datastore", action="append", default=[], help="Datastore directory (repeatable).")
+    ap.add_argument("--variant", action="append", required=True)
+    ap.add_argument("--min-key", type=int, default=1, help="Context tokens a retrievable path must follow (0: anywhere).")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, help="Append one JSON line per variant here.")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    run = json.loads((args.results / "run.json").read_text())
+    prompts = {p.id: p for src in run["suite"]["sources"] for p in read_prompt_file(src, Path(src).stem)}
+    rows = [json.loads(line) for line in (args.results / "results.jsonl").read_text().splitlines() if line.strip()]
+    answers = {r["prompt_id"]: r for r in rows if r["method"] == "ar" and r["turn"] == 0 and not r.get("peer")}
+    base = SpecDecoder.from_pretrained(
+        args.model, method="draft-tree", dtype="float32", progress=False,
+        options=MethodOptions(graft=GraftOptions(draft_model=args.draft_model, draft_dtype="float32")),
+    )
+    cases = [(r["task"], conversation_ids(base.tokenizer, prompts[pid].turns[:1], [], r["chat"]), r["tokens"]) for pid, r in sorted(answers.items())]
+    if any(len(out) > args.max_new_tokens for _, _, out in cases):
+        raise SystemExit(f"the run's answers are longer than --max-new-tokens {args.max_new_tokens}")
+    reader_opts = dataclasses.replace(base.options, datastores=tuple(args.datastore))
+    stores = None
+    for variant in args.variant:
+        kind, _, fields = variant.partition(":")
+        if kind not in ("draft-tree", "reader", "retrievable", "clairvoyant"):
+            raise SystemExit(f"unknown variant {variant!r}")
+        config = ReaderConfig(**json.loads(fields or "{}"))
+        dec = base if kind == "draft-tree" else base.with_method("reader", dataclasses.replace(reader_opts, reader=config))
+        oracle = kind in ("retrievable", "clairvoyant")
+        if oracle and stores is None:
+            retrieval = next(d for d in dec.engine.drafters if isinstance(d, ReaderRetrieval))
+            stores = retrieval.datastores
+        use_oracle(oracle)
+        steps = tokens = 0
+        proposed: Counter = Counter()
+        accepted: Counter = Counter()
+        times: Counter = Counter()
+        tasks: dict[str, Counter] = {}
+        for task, prompt_ids, output in cases:
+            TRUTH = Truth(list(prompt_ids), list(output), kind, stores or (), args.min_key)
+            result = dec.generate(prompt_ids, max_new_tokens=len(output))
+            if list(result.tokens) != list(output):
+                use_oracle(False)
+                raise SystemExit(f"{variant}: output differs from plain decoding's: not lossless")
+            stats = result.stats
+            steps += stats.steps
+            tokens += stats.new_tokens
+            tasks.setdefault(task, Counter()).update(steps=stats.steps, tokens=stats.new_tokens)
+            proposed.update(stats.proposed_by_source)
+            accepted.update(stats.accepted_by_source)
+            times.update({k: getattr(stats, f"{k}_s") for k in ("prefill", "draft", "forward", "total")})
+        use_oracle(False)
+        line = {"variant": variant, "steps": steps, "tokens": tokens, "mat": round(tokens / steps, 3),
+                "rows_per_step": round(sum(proposed.values()) / steps, 2),
+                "tasks": {t: {"steps": c["steps"], "mat": round(c["tokens"] / c["steps"], 3)} for t, c in tasks.items()},
+                "proposed": dict(proposed), "accepted": dict(accepted), "time_s": {k: round(v, 2) for k, v in times.items()}}
+        print(json.dumps(line), flush=True)
+        if args.out:
+            with args.out.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+
+
+if __name__ == "__main__":
+    main()
