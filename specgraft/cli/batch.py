@@ -35,8 +35,7 @@ def profile(
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (recorded; tables are looked up by thread count)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
 ) -> None:
-    """Measure one target forward of B x n rows for every batch size B and row count n (the cost
-    table the batch engine chooses its budgets from)."""
+    """Measure one target forward of B x n rows for every batch size B and row count n: the cost table that budgets and cuts read."""
     from rich.console import Console
 
     from specgraft.batch.profile import measure_costs, table_name, user_cost_dir
