@@ -21,18 +21,17 @@ copy but no branch):
 - ``oracle-lexical``: the best of *every* lexical anchor (earlier positions ``j`` with ``x_j == x_t``,
   AdaPLD eq. 3), its copy up to ``--max-copy`` tokens (eq. 8-9): what a perfect reranker
   (eq. 6-7, PLD+) could reach.
-- ``oracle-pld-branches``: ``oracle-pld``, or when none of its copies is right, the branches
-  (eq. 10-12) of one anchor, `pld`'s first candidate (the longest, most recent match), with
-  the successor as below: AdaPLD's tree with `pld`'s anchor and a perfect choice of rows.
-- ``oracle-adapld``: ``oracle-lexical``, or when no anchor's copy is right at all, AdaPLD's
-  branches (eq. 10-15) with oracle luck: the next token counts as found if it is among the
-  target's top-``k`` after *some* lexical anchor (the oracle picks that anchor; its copy is
-  wrong anyway), and its successor if it followed that token *anywhere* before (or if that
-  token never occurred: the semantic fallback might find it). With no lexical anchor, the
-  semantic fallback (eq. 4-5): the same branches after any earlier position whose token's input
-  embedding has cosine >= AdaPLD's threshold (0.5) with ``x_t``'s (AdaPLD copies from lexical
-  anchors only). The target's top-``k`` come from one forward over each conversation
-  (``--target``; without it the branches are skipped).
+- ``oracle-pld-branches``: ``oracle-pld``, or when longer, the branches (eq. 10-12) of one
+  anchor, `pld`'s first candidate (the longest, most recent match), with the successor as below:
+  AdaPLD's tree with `pld`'s anchor and a perfect choice of rows.
+- ``oracle-adapld``: ``oracle-lexical``, or when longer, AdaPLD's branches (eq. 10-15) with
+  oracle luck: the next token counts as found if it is among the target's top-``k`` after *some*
+  lexical anchor (the oracle picks that anchor), and its successor if it followed that token
+  *anywhere* before (or if that token never occurred: the semantic fallback might find it).
+  With no lexical anchor, the semantic fallback (eq. 4-5): the same branches after any earlier
+  position whose token's input embedding has cosine >= AdaPLD's threshold (0.5) with ``x_t``'s
+  (AdaPLD copies from lexical anchors only). The target's top-``k`` come from one forward over
+  each conversation (``--target``; without it the branches are skipped).
 - ``oracle-anywhere``: the longest earlier occurrence of the true continuation, anchored or not (the
   retrieval ceiling of ``bench/repetition.py``, here with a bonus token per step).
 
@@ -127,20 +126,21 @@ def step_gain(bound: str, full: list[int], arr: np.ndarray, end: int, truth: lis
     if bound.startswith("oracle-pld"):
         anchors = np.asarray([stop - 1 for stop, _ in PLDDrafter().matches(arr[: end + 1])], dtype=np.int64)
     best = max((agreeing_prefix(copy(int(j)), truth) for j in anchors), default=0)
-    if bound in ("oracle-pld", "oracle-lexical") or not truth:
+    if bound in ("oracle-pld", "oracle-lexical") or not truth or top is None:
         return best
     if bound == "oracle-pld-branches":
         anchors = anchors[:1]
     if not len(anchors) and similar is not None:  # semantic fallback (eq. 4-5): branches only
         close = similar.get(full[end], set())
         anchors = np.asarray([j for j in range(end) if full[j] in close], dtype=np.int64)
-    if best == 0 and len(anchors) and top is not None and bool((top[anchors] == truth[0]).any()):
-        # one anchor's branches (eq. 10-12): some anchor's top-k holds the next token; the
-        # successor (eq. 13-15) counts if it followed that token anywhere before, or if that
-        # token never occurred (the semantic fallback might find it anywhere)
+    if len(anchors) and bool((top[anchors] == truth[0]).any()):
+        # one anchor's branches (eq. 10-12): some anchor's top-k holds the next token (that
+        # anchor's own copy may be wrong while another's is right); the successor (eq. 13-15)
+        # counts if it followed that token anywhere before, or if that token never occurred (the
+        # semantic fallback might find it anywhere)
         follows = np.flatnonzero(arr[:end] == truth[0]) + 1
         successor = len(truth) > 1 and (not len(follows) or bool((arr[follows] == truth[1]).any()))
-        return 1 + int(successor)
+        return max(best, 1 + int(successor))
     return best
 
 
@@ -184,8 +184,15 @@ def target_top(model: str, convs: list[Conversation], k: int, threads: int, cach
     from specgraft.models.resolve import resolve_model
 
     path = resolve_model(model)
-    with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:
-        embeddings = f.get_tensor(next(n for n in f.keys() if n.endswith("embed_tokens.weight")))
+    embeddings = None
+    for shard in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            name = next((n for n in f.keys() if n.endswith("embed_tokens.weight")), None)
+            if name is not None:
+                embeddings = f.get_tensor(name)
+                break
+    if embeddings is None:
+        raise SystemExit(f"no embed_tokens.weight in {path}'s safetensors files")
     for conv in convs:
         conv.similar = similar_tokens(conv.prompt + conv.output, embeddings, threshold)
     names = [f"{pid}@{turn}" for pid, turn in (c.key for c in convs)]

@@ -47,7 +47,8 @@ def test_copy_bounds_are_never_beaten():
             real[name] = engine.last_stats.steps
         with torch.no_grad():
             top = model(torch.tensor([prompt + output])).logits[0].topk(8, dim=-1).indices.numpy()
-        conv = bound.Conversation(("p", 0), "t", list(prompt), output, top)
+        similar = bound.similar_tokens(prompt + output, model.get_input_embeddings().weight.detach(), 0.5)
+        conv = bound.Conversation(("p", 0), "t", list(prompt), output, top, similar)
         steps = {b: bound.replay(conv, b, 30) for b in bound.BOUNDS}
         assert steps["oracle-anywhere"] <= min(real.values()), (prompt, steps, real)
         assert steps["oracle-lexical"] <= real["pld"] and steps["oracle-pld"] <= real["pld"], (prompt, steps, real)
