@@ -6,11 +6,12 @@ paths were accepted a handful of times in hundreds. This asks whether *any* retr
 better, by replacing READER's search with an oracle that knows plain decoding's answer (the
 ``ar`` rows of a bench run) and proposes, at both places, the true continuation:
 
-- ``retrievable``: as far as it occurs somewhere READER could have found it, right after an
-  occurrence of the last context token (READER's keys back off down to one token;
-  ``--min-key``): in the prompt and output so far (the trie) or in a datastore
-  (``--datastore``); the longest such prefix, up to the path's depth. No ranking or frequency
-  stands in the way, so no search over these stores can propose a longer right path.
+- ``retrievable``: as far as a search keyed by at least ``--min-key`` tokens could have found
+  it, level by level as READER's SearchPath extends a path (Alg. 3): each next token must follow
+  the last ``min-key`` tokens (of the context, the draft prefix and the path so far) somewhere in
+  the prompt and output so far (the trie) or in a datastore (``--datastore``). No ranking or
+  frequency stands in the way, so no search over these stores whose every level is keyed by that
+  many tokens can propose a longer right path.
 - ``clairvoyant``: the true continuation up to the path's depth, found or not: the ceiling of
   READER's tree *shape* whatever the retrieval.
 
@@ -57,7 +58,7 @@ class Truth:
     mode: str = "retrievable"
     stores: Sequence = ()
     min_key: int = 1
-    """Context tokens a retrieved path must follow where it was found (0: anywhere)."""
+    """Tokens (>= 1) each retrieved token must follow somewhere in the trie or a datastore."""
 
 
 TRUTH: Truth | None = None
@@ -79,15 +80,23 @@ def oracle_search(self, state, context, prefix, depth) -> SearchPath:
     if list(prefix) != ahead[: len(prefix)] or depth <= 0:
         return SearchPath((), (), (), ())
     path = ahead[len(prefix) : len(prefix) + depth]
-    source = "trie"
+    sources = ["trie"] * len(path)
     if truth.mode == "retrievable":
+        # level by level, as SearchPath extends a path: the next token must follow the last
+        # min_key tokens (context, prefix, path so far) somewhere in the trie or a datastore
         seen = truth.prompt + truth.output[: t + len(prefix)]
-        key = seen[len(seen) - truth.min_key :]  # READER's keys back off down to one token
-        here = max(longest_match(key + path, seen) - len(key), 0)
-        there = max((store_match(key + path, s) - len(key) for s in truth.stores), default=0)
-        path, source = path[: max(here, there, 0)], ("trie" if here >= there else "datastore")
+        k = truth.min_key
+        for i, token in enumerate(path):
+            gram = (seen + path[:i])[-k:] + [token]
+            if longest_match(gram, seen) == len(gram):
+                continue
+            if any(store_match(gram, s) == len(gram) for s in truth.stores):
+                sources[i] = "datastore"
+                continue
+            path, sources = path[:i], sources[:i]
+            break
     n = len(path)
-    return SearchPath(tuple(path), (source,) * n, (1.0,) * n, (self.config.key_len,) * n)
+    return SearchPath(tuple(path), tuple(sources), (1.0,) * n, (self.config.key_len,) * n)
 
 
 def use_oracle(on: bool) -> None:
@@ -104,11 +113,13 @@ def main() -> None:
     ap.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--datastore", action="append", default=[], help="Datastore directory (repeatable).")
     ap.add_argument("--variant", action="append", required=True)
-    ap.add_argument("--min-key", type=int, default=1, help="Context tokens a retrievable path must follow (0: anywhere).")
+    ap.add_argument("--min-key", type=int, default=1, help="Tokens each retrievable token must follow somewhere (>= 1).")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, help="Append one JSON line per variant here.")
     args = ap.parse_args()
+    if args.min_key < 1:
+        raise SystemExit("--min-key must be >= 1")
     torch.set_num_threads(args.threads)
 
     run = json.loads((args.results / "run.json").read_text())

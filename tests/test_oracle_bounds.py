@@ -86,3 +86,29 @@ def test_reader_oracle_is_lossless_and_proposes_only_the_truth(mode, datastore_d
     assert proposed > 0 and accepted == proposed
     # READER's own search is back
     assert oracle.ReaderRetrieval.search is oracle._search
+
+
+def test_reader_oracle_search_cuts_where_no_key_of_min_key_tokens_leads():
+    """Level by level: each next token must follow the last ``min_key`` tokens somewhere."""
+    from types import SimpleNamespace
+
+    from specgraft.drafters.reader_retrieval import ReaderConfig
+    from specgraft.retrieval import Datastore
+
+    oracle = benchmark_script("measure_reader_oracle")
+    me = SimpleNamespace(config=ReaderConfig())
+    state = SimpleNamespace(oracle_len=6, searches=0)
+    # context [1 2 3 4 1 2], truth ahead [3 4 9 7]: "1 2 3" and "2 3 4" occur, "3 4 9" does not
+    oracle.TRUTH = oracle.Truth([1, 2, 3, 4, 1, 2], [3, 4, 9, 7], "retrievable", (), min_key=2)
+    assert oracle.oracle_search(me, state, [], (), 8).tokens == (3, 4)
+    # a datastore holding "3 4 9 7" carries it on (and says where each token came from)
+    store = Datastore.from_documents([[3, 4, 9, 7, 0]])
+    oracle.TRUTH = oracle.Truth([1, 2, 3, 4, 1, 2], [3, 4, 9, 7], "retrievable", (store,), min_key=2)
+    path = oracle.oracle_search(me, state, [], (), 8)
+    assert path.tokens == (3, 4, 9, 7) and path.sources == ("trie", "trie", "datastore", "datastore")
+    # a wrong draft prefix gets nothing; a right one gets what follows it; clairvoyance ignores the stores
+    assert oracle.oracle_search(me, state, [], (5,), 8).tokens == ()
+    assert oracle.oracle_search(me, state, [], (3,), 2).tokens == (4, 9)
+    oracle.TRUTH = oracle.Truth([1, 2, 3, 4, 1, 2], [3, 4, 9, 7], "clairvoyant")
+    assert oracle.oracle_search(me, state, [], (), 3).tokens == (3, 4, 9)
+    assert state.searches == 5

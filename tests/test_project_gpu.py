@@ -8,7 +8,6 @@ trace recorded. Both are checked here on the tiny CPU models.
 
 from __future__ import annotations
 
-
 import torch
 
 from specgraft.config import GenerationConfig
