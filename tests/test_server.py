@@ -397,7 +397,9 @@ def test_serve_command_shuts_down_cleanly(tiny_model_dir, sig, grace, last):
         port = s.getsockname()[1]
     root = Path(__file__).resolve().parents[1]
     env = os.environ | {"PYTHONPATH": str(root)}
-    cmd = [sys.executable, "-m", "specgraft.cli", "serve", "--model", tiny_model_dir, "--method", "pld", "--port", str(port),
+    # `ar`: one token a step, so the 500-token stream is still running when the signal lands (with
+    # `pld` on the tiny model's repetitive text it could finish first: a flaky test)
+    cmd = [sys.executable, "-m", "specgraft.cli", "serve", "--model", tiny_model_dir, "--method", "ar", "--port", str(port),
            "--max-batch", "2", "--threads", "1", "--shutdown-timeout", str(grace), "--served-model-name", MODEL]
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
