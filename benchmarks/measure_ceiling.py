@@ -19,10 +19,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from specgraft.bench.repetition import SelfRepetition, self_repetition
-from specgraft.bench.runner import conversation_ids
+from specgraft.bench.runner import plain_answers
 from specgraft.cli.datastore import load_tokenizer
 from specgraft.retrieval import Datastore
-from specgraft.suites import read_prompt_file
 
 
 def main() -> None:
@@ -34,28 +33,18 @@ def main() -> None:
     args = ap.parse_args()
 
     tokenizer = load_tokenizer(args.model)
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    run = json.loads((args.results / "run.json").read_text())
-    prompts = {p.id: p for src in run["suite"]["sources"] for p in read_prompt_file(src, Path(src).stem)}
-    rows = [json.loads(line) for line in (args.results / "results.jsonl").read_text().splitlines() if line.strip()]
-    ar = {}
-    for r in rows:
-        if r["method"] == "ar" and not r.get("peer"):
-            ar.setdefault((r["prompt_id"], r["turn"]), r)  # the first pass; the second is equal
+    answers = plain_answers(args.results, tokenizer)
     sets = {name: [Datastore.load(p, tokenizer=tokenizer) for p in name.split(",")] for name in args.datastore}
     if len(sets) > 1:
         sets["all"] = [s for stores in list(sets.values()) for s in stores]
     columns = {"prompt + history": []} | {name: stores for name, stores in sets.items()}
     counts: dict[str, dict[str, list[SelfRepetition]]] = defaultdict(lambda: defaultdict(list))
-    for (pid, turn), r in sorted(ar.items()):
-        prompt = prompts[pid]
-        answers = [ar[(pid, k)]["text"] for k in range(turn)]
-        ids = conversation_ids(tokenizer, prompt.turns[: turn + 1], answers, r["chat"] and has_template)
+    for r, ids in answers:
         for name, stores in columns.items():
             sr = self_repetition(ids, r["tokens"], stores=stores)
             counts[name][r["task"]].append(sr)
             counts[name]["overall"].append(sr)
-    tasks = list(dict.fromkeys(r["task"] for r in ar.values())) + ["overall"]
+    tasks = list(dict.fromkeys(r["task"] for r, _ in answers)) + ["overall"]
     table = {name: {t: round(SelfRepetition.pool(counts[name][t]).value, 3) for t in tasks} for name in columns}
     print("| task | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 1) + "|")

@@ -61,11 +61,10 @@ from typing import Sequence
 import numpy as np
 
 from specgraft.bench.repetition import longest_match
-from specgraft.bench.runner import conversation_ids
+from specgraft.bench.runner import plain_answers
 from specgraft.cli.datastore import load_tokenizer
 from specgraft.drafters.adapld import AdaPLDConfig
 from specgraft.drafters.pld import PLDDrafter
-from specgraft.suites import read_prompt_file
 
 BOUNDS = ("pld-chain", "oracle-pld", "oracle-lexical", "oracle-pld-branches", "oracle-adapld", "oracle-anywhere")
 
@@ -216,20 +215,10 @@ def target_top(model: str, convs: list[Conversation], k: int, threads: int, cach
 
 
 def load_conversations(results: Path, model: str) -> tuple[list[Conversation], list[dict]]:
-    tokenizer = load_tokenizer(model)
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    run = json.loads((results / "run.json").read_text())
-    prompts = {p.id: p for src in run["suite"]["sources"] for p in read_prompt_file(src, Path(src).stem)}
+    """The run's plain-decoding answers with their input ids, and all its result records."""
+    convs = [Conversation((r["prompt_id"], r["turn"]), r["task"], ids, list(r["tokens"]))
+             for r, ids in plain_answers(results, load_tokenizer(model))]
     rows = [json.loads(line) for line in (results / "results.jsonl").read_text().splitlines() if line.strip()]
-    ar: dict[tuple[str, int], dict] = {}
-    for r in rows:
-        if r["method"] == "ar" and not r.get("peer"):
-            ar.setdefault((r["prompt_id"], r["turn"]), r)
-    convs = []
-    for (pid, turn), r in sorted(ar.items()):
-        answers = [ar[(pid, k)]["text"] for k in range(turn)]
-        ids = conversation_ids(tokenizer, prompts[pid].turns[: turn + 1], answers, r["chat"] and has_template)
-        convs.append(Conversation((pid, turn), r["task"], ids, list(r["tokens"])))
     return convs, rows
 
 

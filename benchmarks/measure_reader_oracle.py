@@ -42,11 +42,10 @@ import torch
 
 from specgraft.api import SpecDecoder
 from specgraft.bench.repetition import longest_match, store_match
-from specgraft.bench.runner import conversation_ids
+from specgraft.bench.runner import plain_answers
 from specgraft.drafters.reader_retrieval import ReaderConfig, ReaderRetrieval
 from specgraft.methods import GraftOptions, MethodOptions
 from specgraft.retrieval import SearchPath
-from specgraft.suites import read_prompt_file
 
 
 @dataclasses.dataclass
@@ -122,15 +121,11 @@ def main() -> None:
         raise SystemExit("--min-key must be >= 1")
     torch.set_num_threads(args.threads)
 
-    run = json.loads((args.results / "run.json").read_text())
-    prompts = {p.id: p for src in run["suite"]["sources"] for p in read_prompt_file(src, Path(src).stem)}
-    rows = [json.loads(line) for line in (args.results / "results.jsonl").read_text().splitlines() if line.strip()]
-    answers = {r["prompt_id"]: r for r in rows if r["method"] == "ar" and r["turn"] == 0 and not r.get("peer")}
     base = SpecDecoder.from_pretrained(
         args.model, method="draft-tree", dtype="float32", progress=False,
         options=MethodOptions(graft=GraftOptions(draft_model=args.draft_model, draft_dtype="float32")),
     )
-    cases = [(r["task"], conversation_ids(base.tokenizer, prompts[pid].turns[:1], [], r["chat"]), r["tokens"]) for pid, r in sorted(answers.items())]
+    cases = [(r["task"], ids, r["tokens"]) for r, ids in plain_answers(args.results, base.tokenizer) if r["turn"] == 0]
     if any(len(out) > args.max_new_tokens for _, _, out in cases):
         raise SystemExit(f"the run's answers are longer than --max-new-tokens {args.max_new_tokens}")
     reader_opts = dataclasses.replace(base.options, datastores=tuple(args.datastore))

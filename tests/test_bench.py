@@ -24,7 +24,7 @@ from specgraft.bench.records import RESULTS_FILE, read_rows
 from specgraft.bench.repetition import longest_match
 from specgraft.bench.summary import OVERALL, common_rows, summarize
 from specgraft.bench.peers import PEERS
-from specgraft.bench.runner import build_methods, conversation_ids, load_models
+from specgraft.bench.runner import build_methods, conversation_ids, load_models, plain_answers
 from specgraft.calibration import save_calibration
 from specgraft.methods import METHODS
 from specgraft.models.hf import parse_dtype
@@ -336,6 +336,12 @@ def test_full_run_every_suite(target_dir, alpaca_file, tmp_path):
     assert summary.ceiling[OVERALL].value >= 1.0
     run_info = json.loads((out / "run.json").read_text())
     assert run_info["config"]["run_methods"] == ["ar", "pld", "recycling", "hf", "hf-pld"]
+    # the run's plain answers with the ids they were generated from, second turns included
+    from transformers import AutoTokenizer
+
+    answers = plain_answers(out, AutoTokenizer.from_pretrained(target_dir))
+    assert [(a["prompt_id"], a["turn"]) for a, _ in answers] == [(r.prompt_id, r.turn) for r in rows if r.method == "ar"]
+    assert any(a["turn"] == 1 for a, _ in answers) and all(len(ids) == a["prompt_tokens"] for a, ids in answers)
 
 
 def test_ceiling_with_the_runs_datastores(target_dir, tmp_path):

@@ -409,6 +409,30 @@ def conversation_ids(tokenizer, turns: Sequence[str], answers: Sequence[str], ch
     return list(ids)
 
 
+def plain_answers(out_dir: str | Path, tokenizer) -> list[tuple[dict[str, Any], list[int]]]:
+    """Each plain-decoding (``ar``) output of a finished bench run, first pass, one per prompt
+    and turn in the order the run wrote them, as its raw result record with the exact token ids
+    the target was given before it (chat template applied as the run did; a later turn holds the
+    earlier turns and the model's own answers). Offline analyses of a run's answers start here
+    (``benchmarks/measure_ceiling.py``, ``measure_copy_bound.py``, ``measure_reader_oracle.py``)."""
+    from specgraft.suites import read_prompt_file
+
+    out_dir = Path(out_dir)
+    run = json.loads((out_dir / RUN_FILE).read_text())
+    prompts = {p.id: p for src in run["suite"]["sources"] for p in read_prompt_file(src, Path(src).stem)}
+    ar: dict[tuple[str, int], dict[str, Any]] = {}
+    for line in (out_dir / RESULTS_FILE).read_text().splitlines():
+        r = json.loads(line) if line.strip() else None
+        if r and r["method"] == "ar" and not r.get("peer"):
+            ar.setdefault((r["prompt_id"], r["turn"]), r)  # the first pass; a later one is equal
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    answers = []
+    for (pid, turn), r in ar.items():
+        earlier = [ar[(pid, k)]["text"] for k in range(turn)]
+        answers.append((r, conversation_ids(tokenizer, prompts[pid].turns[: turn + 1], earlier, r["chat"] and has_template)))
+    return answers
+
+
 # -- loading -----------------------------------------------------------------------------
 
 
