@@ -342,6 +342,8 @@ def test_full_run_every_suite(target_dir, alpaca_file, tmp_path):
     answers = plain_answers(out, AutoTokenizer.from_pretrained(target_dir))
     assert [(a["prompt_id"], a["turn"]) for a, _ in answers] == [(r.prompt_id, r.turn) for r in rows if r.method == "ar"]
     assert any(a["turn"] == 1 for a, _ in answers) and all(len(ids) == a["prompt_tokens"] for a, ids in answers)
+    with pytest.raises(FileNotFoundError, match="is not a finished bench run: no run.json"):
+        plain_answers(tmp_path, None)
 
 
 def test_ceiling_with_the_runs_datastores(target_dir, tmp_path):

@@ -418,6 +418,9 @@ def plain_answers(out_dir: str | Path, tokenizer) -> list[tuple[dict[str, Any], 
     from specgraft.suites import read_prompt_file
 
     out_dir = Path(out_dir)
+    missing = [name for name in (RUN_FILE, RESULTS_FILE) if not (out_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{out_dir} is not a finished bench run: no {' or '.join(missing)}")
     run = json.loads((out_dir / RUN_FILE).read_text())
     prompts = {p.id: p for src in run["suite"]["sources"] for p in read_prompt_file(src, Path(src).stem)}
     ar: dict[tuple[str, int], dict[str, Any]] = {}
