@@ -10,6 +10,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
+SEED_LIMIT = 2**63
+"""Seeds are integers in ``[0, SEED_LIMIT)``: what ``torch.Generator.manual_seed`` takes whole."""
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How the target's next-token distribution is turned into a token.
@@ -24,7 +28,9 @@ class SamplingConfig:
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1 = off)."""
     seed: int | None = None
-    """Seed of the sampling generator; the same seed gives the same output."""
+    """Seed of the sampling generator. With deterministic drafts (the default) a seed gives the
+    tokens plain sampling with that seed gives, for every method, budget and batch; sampled
+    drafts reproduce them only with the same tree sizes (:mod:`specgraft.batch.engine`)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
@@ -33,6 +39,8 @@ class SamplingConfig:
             raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < SEED_LIMIT):
+            raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

@@ -289,7 +289,9 @@ def test_every_other_method_batches(method):
 def test_sampled_requests_keep_their_seeds(method):
     """Per-request temperature, top-p and seed inside one batch: each request's tokens equal the
     same request run alone (its generator is its own; sampled draft children come from the
-    sequence's own draft sampler in the batched draft forwards)."""
+    sequence's own draft sampler in the batched draft forwards). With sampled drafts this holds
+    because the budget is fixed: their children and accept tests draw from the generator too,
+    so a tree of another size (an adaptive budget) draws other values; the law stays exact."""
     from specgraft.methods import GraftOptions
 
     model = TINY_MODELS["llama"]()
@@ -309,6 +311,25 @@ def test_sampled_requests_keep_their_seeds(method):
     ids = [batch.submit(p, c) for p, c in zip(prompts, configs)]
     results = batch.run_to_completion()
     assert [results[i].tokens for i in ids] == alone
+
+
+@pytest.mark.parametrize("method", ["pld", "recycling", "draft-tree", "reader"])
+def test_seeded_requests_reproduce_plain_sampling_whatever_the_budget(method):
+    """Deterministic drafts (every method's default): one draw from the request's own generator
+    per emitted token, so a seeded request in a batch whose budget changes every step (0
+    included, probes, refused catch-ups) emits exactly what ``ar`` sampling with the same seed
+    emits alone. This is the promise ``generate_batch`` and the server make for seeds."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    ar, engine = build(target, "ar", None), build(target, method, perturbed(model))
+    rng = random.Random(5)
+    prompts = [p for p, _ in make_prompts(n=8, vocab=model.config.vocab_size)]
+    requests = [
+        (p, GenerationConfig(max_new_tokens=rng.randint(6, 16), budget=8, sampling=SamplingConfig(temperature=t, top_p=q, seed=s)))
+        for p, (t, q, s) in zip(prompts, [(0.7, 1.0, 1), (1.0, 0.9, 2), (1.3, 0.8, 3), (0.5, 1.0, 4)] * 2)
+    ]
+    expected = {str(i): ar.generate_ids(p, c) for i, (p, c) in enumerate(requests)}
+    assert run_schedule(BatchEngine(engine, max_batch=4, policy=RandomCap(9)), requests, rng) == expected
 
 
 def test_sampled_law_in_a_batch():

@@ -26,7 +26,12 @@ sequences. Each :meth:`BatchEngine.step`:
 
 Each sequence owns its cache slot, drafter states, sampling generator and stats, so its output
 does not depend on what else is in the batch: greedy outputs equal single-sequence decoding
-token for token, and a sampled request's tokens follow its own seed.
+token for token (in float32). A seeded sampled request with deterministic drafts (every
+method's default) draws one value from its own generator per emitted token, so it emits what
+plain sampling with that seed emits alone, whatever budgets the policy picks. Sampled draft
+children (``GraftOptions.sample_drafts``) draw their values and accept tests from the same
+generator, so a seeded request reproduces its tokens only while its trees keep their sizes (a
+fixed budget); under an adaptive budget its tokens can change, its law never does.
 
 Example::
 

@@ -45,8 +45,8 @@ beats one row by more than 5%), and :class:`~specgraft.api.SpecDecoder` applies 
 same kernel whatever the other rows hold, so a padded row equals that row in a genuine 4-row
 input (``tests/test_kernels.py``).
 
-It also chooses a dtype: bf16 is only fast where the CPU computes in bf16 natively
-(AVX512-BF16 or AMX); on AVX2 machines it is emulated and slower than fp32 at every size.
+It also chooses the default dtype (:func:`auto_dtype`): float32 on every CPU, where it is the
+exact dtype and bf16 buys no decoding speed; bf16 on GPUs.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ from collections import Counter
 import torch
 from torch import nn
 
-from specgraft import machine
 
 #: Batch-size hint for oneDNN's weight reorder; 32 measured best across 1-512 rows here.
 PACK_HINT_ROWS = 32
@@ -197,14 +196,16 @@ def use_onednn_linears(model: nn.Module) -> int:
     return len(places)
 
 
-def cpu_has_native_bf16() -> bool:
-    """True where the CPU advertises AVX512-BF16 or AMX-BF16 (Linux ``/proc/cpuinfo``)."""
-    flags = machine.cpu_flags()
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def auto_dtype(device: str = "cpu") -> str:
-    """``bfloat16`` on GPUs and on CPUs with native bf16, ``float32`` elsewhere."""
-    if device != "cpu":
-        return "bfloat16"
-    return "bfloat16" if cpu_has_native_bf16() else "float32"
+    """``float32`` on every CPU, ``bfloat16`` on GPUs.
+
+    float32 is the dtype in which every method's output equals plain decoding token for token.
+    In bf16 a forward of several rows and one of a single row round differently, so near-tied
+    tokens can flip (``specgraft generate --compare`` measures it); on a CPU bf16 also buys
+    no decoding speed, even with native bf16 (memory-bound), so a CPU never pays that price by
+    default. On a GPU bf16 halves the weights' memory traffic, and stays the default there.
+
+    >>> auto_dtype("cpu"), auto_dtype("cuda")
+    ('float32', 'bfloat16')
+    """
+    return "float32" if device == "cpu" else "bfloat16"
