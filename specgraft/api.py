@@ -3,10 +3,10 @@
 Five lines::
 
     from specgraft import SpecDecoder
-    dec = SpecDecoder.from_pretrained("smollm2-135m-instruct", method="recycling")
+    dec = SpecDecoder.from_pretrained("smollm2-135m-instruct")  # method: pld (no draft model)
     out = dec.generate("Write a haiku about caches.", max_new_tokens=64, chat=True)
     print(out.text, out.stats.mat)
-    for piece in dec.stream("Explain KV caches.", chat=True): print(piece, end="")
+    for piece in dec.stream("Explain KV caches.", chat=None): print(piece, end="")  # None: the template if there is one
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from specgraft.batch import BatchEngine, BudgetPolicy
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.detokenize import TextStream
 from specgraft.engine import SpecEngine
-from specgraft.methods import GRAFT_METHODS, MethodOptions, get_method, method_budget
+from specgraft.methods import GRAFT_METHODS, MethodOptions, default_method, get_method, method_budget
 from specgraft.methods.graft import check_calibration_budget
 from specgraft.models.fusion import fused_groups
 from specgraft.models.graphs import replays_graphs
@@ -71,6 +71,9 @@ class SpecDecoder:
     """A model, its tokenizer and one method; shares the model (and the draft model, if any) with
     siblings from :meth:`with_method`.
 
+    ``method=None`` is :func:`~specgraft.methods.default_method`: ``draft-tree`` when a draft
+    model is given (``draft_model`` or ``options.graft.draft_model``), else ``pld``.
+
     ``draft_model`` is an already loaded draft model for the methods that need one
     (``MethodSpec.needs_draft_model``); without it, ``options.graft.draft_model`` is loaded.
     Their other knobs are ``options.graft`` too, e.g. draft children sampled for rejection
@@ -85,12 +88,13 @@ class SpecDecoder:
         self,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase | None,
-        method: str = "recycling",
+        method: str | None = None,
         options: MethodOptions = MethodOptions(),
         target: HFTarget | None = None,
         draft_model: PreTrainedModel | None = None,
         progress: bool = True,
     ):
+        method = method if method is not None else default_method(options, draft_model)
         self.spec = get_method(method)
         self.model = model
         self.tokenizer = tokenizer
@@ -131,7 +135,7 @@ class SpecDecoder:
     def from_pretrained(
         cls,
         name_or_path: str,
-        method: str = "recycling",
+        method: str | None = None,
         dtype: str | torch.dtype = "auto",
         device: str | torch.device = "auto",
         options: MethodOptions = MethodOptions(),
@@ -149,9 +153,12 @@ class SpecDecoder:
         ``fast_kernels`` fuses the q/k/v and gate/up projections (``models/fusion.py``) and swaps
         the linears for oneDNN ones on CPU (same numbers, faster). A method
         that needs a draft model loads ``options.graft.draft_model`` the same way, on the same device.
+        ``method=None``: ``draft-tree`` with ``options.graft.draft_model``, else ``pld``
+        (:func:`~specgraft.methods.default_method`).
         """
         from specgraft.models.resolve import load_errors, resolve_model
 
+        method = method if method is not None else default_method(options)
         # fail on a bad method, device, a missing draft model or calibration before loading anything
         get_method(method).check(options)
         device = resolve_device(device)
@@ -173,8 +180,19 @@ class SpecDecoder:
 
     # -- prompts -------------------------------------------------------------------------
 
-    def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
-        """Token ids of ``prompt`` (a string, or ids passed through), with the chat template if asked."""
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer has a chat template (instruct models do)."""
+        return self.tokenizer is not None and bool(getattr(self.tokenizer, "chat_template", None))
+
+    def uses_chat(self, chat: bool | None) -> bool:
+        """Whether a text prompt goes through the chat template: ``chat``, or for ``None`` whether
+        the tokenizer has one (``has_chat_template``)."""
+        return self.has_chat_template if chat is None else chat
+
+    def encode(self, prompt: str | Sequence[int], chat: bool | None = False) -> list[int]:
+        """Token ids of ``prompt`` (a string, or ids passed through), with the chat template if
+        asked (``chat=None``: if the tokenizer has one)."""
         if not isinstance(prompt, str):
             ids = [int(t) for t in prompt]
         else:
@@ -182,7 +200,7 @@ class SpecDecoder:
                 raise ValueError("the prompt is empty")
             if self.tokenizer is None:
                 raise ValueError("this decoder has no tokenizer; pass token ids")
-            if chat:
+            if self.uses_chat(chat):
                 return self.encode_messages([{"role": "user", "content": prompt}])
             ids = self.tokenizer(prompt)["input_ids"]
         if not ids:
@@ -230,8 +248,9 @@ class SpecDecoder:
 
     # -- generation ------------------------------------------------------------------------
 
-    def stream(self, prompt: str | Sequence[int], chat: bool = False, config: GenerationConfig | None = None, **kw) -> Iterator[str]:
+    def stream(self, prompt: str | Sequence[int], chat: bool | None = False, config: GenerationConfig | None = None, **kw) -> Iterator[str]:
         """Yield text pieces as they are accepted; ``self.last_output`` holds the result afterwards.
+        ``chat``: apply the chat template to a text prompt (``None``: if the tokenizer has one).
 
         Keyword arguments are those of :meth:`make_config` (``max_new_tokens``, ``temperature``...).
         Text is detokenised incrementally (:mod:`specgraft.detokenize`: each token's text costs a
@@ -273,7 +292,7 @@ class SpecDecoder:
     def generate_batch(
         self,
         prompts: Sequence[str | Sequence[int]],
-        chat: bool = False,
+        chat: bool | None = False,
         config: GenerationConfig | Sequence[GenerationConfig] | None = None,
         max_batch: int = 8,
         policy: BudgetPolicy | None = None,
@@ -282,8 +301,10 @@ class SpecDecoder:
         """Generate for every prompt, ``max_batch`` at a time in one target forward per step
         (continuous batching: a finished request's place goes to the next prompt). ``config`` is
         one config for all or one per prompt (keyword arguments as :meth:`make_config`). Each
-        output equals :meth:`generate` of its prompt alone (greedy token for token; sampled with
-        its own seed). Stop strings end a request at the step that completes them.
+        output equals :meth:`generate` of its prompt alone: greedy token for token (float32),
+        sampled with its own seed token for token with deterministic drafts (the default; with
+        ``--sample-drafts`` under an adaptive ``policy`` the tokens can differ, the law cannot:
+        :mod:`specgraft.batch.engine`). Stop strings end a request at the step that completes them.
 
         >>> outs = dec.generate_batch(["Hi", "Explain caches"], max_new_tokens=32)  # doctest: +SKIP
         >>> [o.finish_reason for o in outs]  # doctest: +SKIP
@@ -317,8 +338,8 @@ class SpecDecoder:
             batch.close()
         return [outputs[str(i)] for i in range(len(prompts))]
 
-    def generate(self, prompt: str | Sequence[int], chat: bool = False, config: GenerationConfig | None = None, **kw) -> GenerationOutput:
-        """Generate and return the text, the new token ids and the stats."""
+    def generate(self, prompt: str | Sequence[int], chat: bool | None = False, config: GenerationConfig | None = None, **kw) -> GenerationOutput:
+        """Generate and return the text, the new token ids and the stats (``chat`` as :meth:`stream`)."""
         for _ in self.stream(prompt, chat=chat, config=config, **kw):
             pass
         assert self.last_output is not None

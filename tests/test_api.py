@@ -81,6 +81,44 @@ def test_chat_template_and_bad_prompts(decoder):
         decoder.with_method("nope")
 
 
+def test_chat_none_applies_the_template_when_there_is_one(decoder):
+    """``chat=None``: the chat template if the tokenizer has one, else the raw text; ``chat=False``
+    stays the default of the text API."""
+    assert decoder.has_chat_template and decoder.uses_chat(None)
+    assert decoder.encode("w5 w6", chat=None) == decoder.encode("w5 w6", chat=True) != decoder.encode("w5 w6")
+    assert decoder.generate("w5 w6 w7", chat=None, max_new_tokens=6).tokens == decoder.generate("w5 w6 w7", chat=True, max_new_tokens=6).tokens
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = None
+    base = SpecDecoder(tiny_llama(), tokenizer, method="pld")
+    assert not base.has_chat_template and not base.uses_chat(None) and base.uses_chat(False) is False
+    assert base.encode("w5 w6", chat=None) == base.encode("w5 w6", chat=False)
+    with pytest.raises(ValueError, match="no chat template"):
+        base.encode("w5 w6", chat=True)
+
+
+def test_default_method_is_pld_or_draft_tree(tiny_model_dir):
+    """No method: ``pld``, or ``draft-tree`` when a draft model is given (``methods.default_method``)."""
+    from specgraft.methods import GraftOptions, MethodOptions, default_method
+
+    assert default_method(MethodOptions()) == "pld"
+    assert default_method(MethodOptions(graft=GraftOptions(draft_model="some-draft"))) == "draft-tree"
+    assert default_method(MethodOptions(), draft_model=object()) == "draft-tree"
+    assert SpecDecoder(tiny_llama(), tiny_tokenizer()).method == "pld"
+    assert SpecDecoder(tiny_llama(), tiny_tokenizer(), draft_model=tiny_llama(layers=1, seed=5)).method == "draft-tree"
+    assert SpecDecoder.from_pretrained(tiny_model_dir, dtype="float32", progress=False).method == "pld"
+    options = MethodOptions(graft=GraftOptions(draft_model=tiny_model_dir, draft_dtype="float32"))
+    assert SpecDecoder.from_pretrained(tiny_model_dir, dtype="float32", options=options, progress=False).method == "draft-tree"
+
+
+def test_registry_doctests():
+    import doctest
+
+    from specgraft.methods import registry
+
+    result = doctest.testmod(registry)
+    assert result.attempted > 0 and result.failed == 0
+
+
 def byte_level_tokenizer():
     """A byte-level BPE tokenizer trained here on text with multi-byte characters, so single
     tokens hold parts of one character (as in GPT-2 / Qwen tokenizers)."""

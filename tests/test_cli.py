@@ -214,7 +214,8 @@ def test_streaming_output(monkeypatch, capsys, tiny_model_dir):
     )
     assert code == 0, err
     assert out.strip() and "MAT" in err
-    assert f"[recycling] budget {METHODS['recycling'].default_budget} nodes" in " ".join(err.split())  # rich wraps long lines
+    # no --method and no --draft-model: pld (methods.default_method)
+    assert f"[pld] budget {METHODS['pld'].default_budget} nodes" in " ".join(err.split())  # rich wraps long lines
 
 
 def test_models_list(monkeypatch, capsys, tmp_path):

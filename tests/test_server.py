@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -216,7 +217,7 @@ TOO_LONG = " ".join(["w5"] * 600)
         ("/v1/completions", {"model": MODEL, "prompt": "w5", "stop": [""]}, 400, "stop"),
         ("/v1/completions", {"model": MODEL, "prompt": "w5", "logprobs": 2}, 400, "logprobs"),
         ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400, "messages"),
-        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "w5"}]}, 400, "messages.0.role"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "w5"}]}, 400, "messages[0].role"),
         ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "w5"}], "n": 3, "stream": True}, 400, "n"),
     ],
 )
@@ -231,6 +232,73 @@ def test_bad_requests_get_openai_errors(http, path, body, status, param):
     after = metrics(http)
     assert after['specgraft_requests_total{outcome="invalid"}'] == before['specgraft_requests_total{outcome="invalid"}'] + 1
     assert http.get("/health").status_code == 200
+
+
+USER = [{"role": "user", "content": "w5"}]
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 4000}}
+
+# (endpoint, fields beside model and prompt/messages, param, words the message must contain)
+NAMED_BAD_VALUES = [
+    ("completions", {"max_tokens": True}, "max_tokens", "max_tokens: Input should be a valid integer (got True)"),
+    ("completions", {"max_tokens": 4.0}, "max_tokens", "valid integer"),
+    ("chat", {"max_completion_tokens": True}, "max_completion_tokens", "max_completion_tokens: Input should be a valid integer"),
+    ("chat", {"max_completion_tokens": 0}, "max_completion_tokens", "greater than or equal to 1"),
+    ("completions", {"temperature": 2.5}, "temperature", "temperature: Input should be less than or equal to 2 (got 2.5)"),
+    ("completions", {"temperature": True}, "temperature", "valid number"),
+    ("completions", {"seed": 2**64}, "seed", f"seed: Input should be less than {2**63} (got {2**64})"),
+    ("completions", {"seed": 2**63}, "seed", "less than"),
+    ("chat", {"seed": -1}, "seed", "greater than or equal to 0"),
+    ("completions", {"n": True}, "n", "n: Input should be a valid integer"),
+    ("completions", {"n": 0}, "n", "greater than or equal to 1"),
+    ("completions", {"top_p": 1.01}, "top_p", "less than or equal to 1"),
+    ("completions", {"top_k": -1}, "top_k", "greater than or equal to 0"),
+    ("chat", {"messages": [{"role": "user"}]}, "messages[0].content", "messages[0].content: a user message needs text, got no content"),
+    ("chat", {"messages": [{"role": "user", "content": None}]}, "messages[0].content", "got null"),
+    ("chat", {"messages": [{"role": "user", "content": ""}]}, "messages[0].content", "got an empty string"),
+    ("chat", {"messages": [{"role": "user", "content": []}]}, "messages[0].content", "got an empty list of parts"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]}, "messages[0].content", "only empty text parts"),
+    ("chat", {"messages": [{"role": "system", "content": "w5"}, {"role": "user", "content": [{"type": "text", "text": "w6"}, IMAGE]}]},
+     "messages[1].content", "messages[1].content: only text parts are supported, got an 'image_url' part"),
+    ("chat", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "content must be a string or a list of text parts, got a number"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content", "text must be a string, got a number"),
+]
+
+
+@pytest.mark.parametrize("endpoint, fields, param, words", NAMED_BAD_VALUES, ids=[f"{e}-{p}-{i}" for i, (e, _, p, _) in enumerate(NAMED_BAD_VALUES)])
+def test_bad_values_are_400s_naming_the_field(client, http, endpoint, fields, param, words):
+    """Through raw HTTP and the openai client: a 400 whose message names the field in words
+    (``messages[0].content``, not pydantic's ``messages.0.content.str``) and what was wrong; never
+    a 500 (a seed of 2**64 was one: "Overflow when unpacking long long"); a bool is not a number."""
+    body = {"model": MODEL, "max_tokens": 4, **({"messages": USER} if endpoint == "chat" else {"prompt": "w5"}), **fields}
+    if "max_completion_tokens" in fields:
+        del body["max_tokens"]
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"] and error["type"] == "invalid_request_error", error
+    assert ".str" not in error["message"] and len(error["message"]) < 200, "no union member names, no echoed image"
+
+    create = client.chat.completions.create if endpoint == "chat" else client.completions.create
+    extensions = {k: body.pop(k) for k in ("top_k",) if k in body}  # not OpenAI's: the client sends them as extra_body
+    with pytest.raises(openai.BadRequestError) as e:
+        create(**body, extra_body=extensions)
+    assert e.value.status_code == 400 and e.value.body["param"] == param and words in e.value.body["message"]
+
+
+@pytest.mark.parametrize("module", ["specgraft.serve.app", "specgraft.serve.schemas"])
+def test_doctests(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_largest_seed_is_served(client, http):
+    kw = dict(model=MODEL, prompt="w5 w6 w7", max_tokens=4, temperature=0.9)
+    assert client.completions.create(seed=2**63 - 1, **kw).usage.completion_tokens >= 1
+    assert http.post("/v1/completions", json={**kw, "seed": 0}).status_code == 200
 
 
 def test_unknown_routes_and_methods_are_openai_errors(http):
@@ -430,6 +498,8 @@ def test_serve_command_shuts_down_cleanly(tiny_model_dir, sig, grace, last):
         assert proc.returncode == 0, err
         assert "Traceback" not in err, err
         assert "specgraft serve: tiny" in err and "model worker stopped" in err and "Application shutdown complete" in err, err
+        startup = next(line for line in err.splitlines() if line.startswith("specgraft serve: tiny"))
+        assert re.search(r", (float32|bfloat16) on (cpu|cuda)", startup) and "auto" not in startup, "the resolved dtype"
         assert seen[-1] == "[DONE]"
         if last == "error":
             assert "shutting down" in json.loads(seen[-2])["error"]["message"]

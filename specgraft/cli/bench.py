@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.generate import COST_TABLE, ROW_COST, draft_quant_option, resolve_cost_table, row_cost_value
+from specgraft.cli.generate import COST_TABLE, ROW_COST, check_seed, draft_quant_option, resolve_cost_table, row_cost_value
 from specgraft.methods import method_names  # imports no torch
 
 
@@ -35,9 +35,9 @@ def bench(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="New tokens per generation."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
     dtype: str = typer.Option(
-        "auto", "--dtype", help="auto (float32 on CPUs without native bf16; the resolved dtype is recorded), bfloat16, float16 or float32."
+        "auto", "--dtype", help="auto (float32 on a CPU, bfloat16 on a GPU; the resolved dtype is recorded), bfloat16, float16 or float32."
     ),
-    seed: int = typer.Option(0, "--seed", help="Sampling seed and torch's global seed."),
+    seed: int = typer.Option(0, "--seed", callback=check_seed, help="Sampling seed and torch's global seed, in [0, 2**63)."),
     budget: Optional[int] = typer.Option(
         None, "--budget",
         help="Tree nodes verified per step (default: each method's default budget, the preset's for draft-model methods; recorded).",

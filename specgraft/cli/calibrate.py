@@ -22,7 +22,7 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.generate import draft_quant_option
+from specgraft.cli.generate import CHAT_RECORDS, draft_quant_option
 
 #: The presets as ``--preset``'s help describes them (``tests/test_calibrate_cli.py`` checks
 #: this against ``drafters.draft_model.PRESETS``, which this module does not import: torch).
@@ -70,10 +70,10 @@ def calibrate(
         1.0, help="Threshold vectors within this many standard errors of the best predicted tokens/s count as ties; "
         "the least pruning one wins (0 = plain argmax)."
     ),
-    dtype: str = typer.Option("auto", help="Target dtype: auto (float32 on CPUs without native bf16), bfloat16 or float32."),
+    dtype: str = typer.Option("auto", help="Target dtype: auto (float32 on a CPU, bfloat16 on a GPU; printed resolved), bfloat16 or float32."),
     draft_dtype: Optional[str] = typer.Option(None, help="Draft model dtype (default: the target's)."),
     draft_quant: str = draft_quant_option(),
-    chat: bool = typer.Option(True, help="Wrap records in the chat template."),
+    chat: Optional[bool] = CHAT_RECORDS,
     k: int = typer.Option(8, help="Successors per token in the matrix."),
     threads: Optional[int] = typer.Option(None, help="torch threads (default: torch's choice)."),
     device: str = typer.Option("auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; the draft model's too."),
@@ -85,10 +85,10 @@ def calibrate(
     from specgraft.api import SpecDecoder
     from specgraft.calibration import CALIBRATED_VARIANTS, run_calibration, save_calibration, thresholds_table
     from specgraft.calibration.corpus import benchmark_turns, read_task_corpus, split_corpus
-    from specgraft.cli.generate import set_threads
+    from specgraft.cli.generate import chat_mode, prompt_format, resolve_dtype, set_threads
     from specgraft.drafters.draft_model import check_vocab, get_preset
     from specgraft.methods import GraftOptions, preset_budget
-    from specgraft.models.hf import parse_dtype, resolve_device
+    from specgraft.models.hf import resolve_device
     from specgraft.models.loading import load_draft_model
     from specgraft.models.quant import resolve_draft_quant
 
@@ -111,9 +111,8 @@ def calibrate(
     if not tie_se >= 0:
         raise ValueError(f"tie-se must be >= 0, got {tie_se}")
     device = resolve_device(device)
-    parse_dtype(dtype, device)
-    draft_dtype = draft_dtype or dtype
-    parse_dtype(draft_dtype, device)
+    dtype = resolve_dtype(dtype, str(device))  # printed and recorded resolved, never "auto"
+    draft_dtype = resolve_dtype(draft_dtype or dtype, str(device))
     draft_quant = resolve_draft_quant(draft_quant, device)
     set_threads(threads)
     # groups: corpus files, or tasks; per group the first records warm up, the next are decoded
@@ -136,6 +135,7 @@ def calibrate(
         if start.k != k:
             raise ValueError(f"matrix {matrix!r} has k={start.k} successors per token, but --k is {k}")
     dec = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device)
+    chat = chat_mode(dec, chat, model)
     if start is not None:
         if start.vocab_size != dec.target.vocab_size:
             raise ValueError(f"matrix {matrix!r} has {start.vocab_size} rows but the model's vocabulary is {dec.target.vocab_size}")
@@ -153,7 +153,7 @@ def calibrate(
         f"(depth {depth}, top-k {top_k}, checkpoints {checkpoints}), budget {budget}, "
         f"{len(warm)} warm-up records, {len(prompt_ids)} prompts x {max_new_tokens} tokens"
         + (f" over tasks {', '.join(tasks)}" if by_task else "")
-        + f", {dropped} corpus records dropped as benchmark prompts, threads {torch.get_num_threads()}, {device}"
+        + f", {dropped} corpus records dropped as benchmark prompts, {prompt_format(chat)}, threads {torch.get_num_threads()}, {device}"
     )
     t0 = time.perf_counter()
     cal = run_calibration(

@@ -82,7 +82,10 @@ def datastore_generate(
     model: str = typer.Option(..., "--model", "-m", help="The target model whose answers the datastore will hold."),
     prompts: list[str] = typer.Option(..., "--prompts", help="Prompt suite or JSONL file (id, task, turns[, chat]), as --suite takes it; `FILE:N` keeps the first N per task (repeatable)."),
     out_path: str = typer.Option(..., "--out", help="Answers JSONL to write, or to resume (prompts already in it are skipped)."),
-    method: str = typer.Option("draft-tree", help="Any method: greedy answers are plain decoding's tokens whichever method runs, so pick the fastest."),
+    method: Optional[str] = typer.Option(
+        None, help="Any method: greedy answers are plain decoding's tokens whichever method runs, so pick the fastest "
+        "(default: pld, or draft-tree with --draft-model).",
+    ),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model, for the methods that need one."),
     max_new_tokens: int = typer.Option(128, help="Tokens per answer (fewer when EOS comes first)."),
     exclude_suite: str = typer.Option("all", help="Refuse prompts overlapping these suites' prompts (as `datastore build --exclude-suite`)."),
@@ -100,13 +103,14 @@ def datastore_generate(
     `specgraft datastore build -m qwen2.5-coder-1.5b-instruct --corpus answers.jsonl --out DIR`.
     """
     from specgraft.cli.generate import method_options, set_threads
-    from specgraft.methods import get_method
+    from specgraft.methods import default_method, get_method
     from specgraft.retrieval.answers import generate_answers
     from specgraft.retrieval.corpus import ExcludeFilter
     from specgraft.suites import load_suite
 
     # fail on bad arguments before loading anything
-    get_method(method)
+    if method is not None:
+        get_method(method)
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     suite = load_suite(prompts)
@@ -119,6 +123,7 @@ def datastore_generate(
         model, dtype, draft_model=draft_model, calibration=None, preset="cpu", draft_depth=None, draft_top_k=None,
         recycling_state=None, learning="request", datastore=None, reader_shape=None, draft_quant=draft_quant,
     )
+    method = method if method is not None else default_method(options)
     get_method(method).check(options)  # a missing draft model, before the target loads
     decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options, cache_dir=cache_dir)
     config = SpecDecoder.make_config(max_new_tokens=max_new_tokens)

@@ -9,7 +9,10 @@ import typer
 from rich.console import Console
 
 from specgraft.agreement import agreement
-from specgraft.methods import METHODS, GraftOptions, MethodOptions, derived_budget, get_method, method_names, with_sampled_drafts
+from specgraft.config import SEED_LIMIT
+from specgraft.methods import (
+    METHODS, GraftOptions, MethodOptions, default_method, derived_budget, get_method, method_names, with_sampled_drafts,
+)
 
 # plain text: summaries start with `[method]`, which rich would take for markup
 err = Console(stderr=True, highlight=False, markup=False)
@@ -39,6 +42,59 @@ def draft_quant_option() -> typer.models.OptionInfo:
     )
 
 
+#: dtypes whose batched and single-row kernels round differently (``agreement_note``).
+REDUCED_PRECISION = ("bfloat16", "float16")
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``--dtype`` as a run uses it, ``auto`` resolved for ``--device`` (float32 on a CPU,
+    bfloat16 on a GPU: ``models.hf.parse_dtype``): what every summary prints, never ``auto``.
+    ``ValueError`` for an unknown dtype or device.
+
+    >>> resolve_dtype("bfloat16", "cpu")
+    'bfloat16'
+    """
+    from specgraft.models.hf import parse_dtype, resolve_device
+
+    return str(parse_dtype(dtype, resolve_device(device))).removeprefix("torch.")
+
+
+def chat_mode(decoder, chat: Optional[bool], model: str) -> bool:
+    """``--chat/--no-chat`` resolved for ``decoder``'s tokenizer: ``None`` (neither given) is the
+    chat template when the tokenizer has one (instruct models), else raw text; ``--chat`` without a
+    template is a ``ValueError``."""
+    if chat and not decoder.has_chat_template:
+        raise ValueError(f"--chat: the tokenizer of {model!r} has no chat template; drop --chat to send the prompt as raw text")
+    return decoder.uses_chat(chat)
+
+
+def prompt_format(chat: bool) -> str:
+    """How a summary names the prompt's format.
+
+    >>> prompt_format(True), prompt_format(False)
+    ('chat template', 'raw text')
+    """
+    return "chat template" if chat else "raw text"
+
+
+def agreement_note(fraction: float, dtype: str) -> Optional[str]:
+    """The line ``--compare`` adds when agreement with plain decoding is below 100% in a
+    reduced-precision dtype: why, and how to get equality. None otherwise: in float32 anything
+    below 100% is a bug, and nothing is printed that could explain it away.
+
+    >>> agreement_note(0.875, "bfloat16")[:35]
+    'agreement below 100% in bfloat16: b'
+    >>> agreement_note(0.875, "float32") is None, agreement_note(1.0, "bfloat16") is None
+    (True, True)
+    """
+    if fraction >= 1.0 or dtype not in REDUCED_PRECISION:
+        return None
+    return (
+        f"agreement below 100% in {dtype}: batched and single-row kernels round differently, so near-tied tokens can flip; "
+        "--dtype float32 gives token-for-token equality"
+    )
+
+
 def set_threads(threads: Optional[int]) -> None:
     import torch
 
@@ -51,7 +107,7 @@ def set_threads(threads: Optional[int]) -> None:
 def run_generate(
     prompt: str,
     model: str,
-    method: str,
+    method: Optional[str] = None,
     *,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
@@ -60,7 +116,7 @@ def run_generate(
     seed: Optional[int] = None,
     dtype: str = "auto",
     budget: Optional[int] = None,
-    chat: bool = False,
+    chat: Optional[bool] = None,
     compare: bool = False,
     as_json: bool = False,
     stop: Sequence[str] = (),
@@ -70,12 +126,16 @@ def run_generate(
 ) -> dict:
     """Generate (streaming unless ``as_json``), print the summary and return it as a dict.
 
-    ``budget=None`` uses the method's default budget (for draft-model methods, the budget of
-    ``options.graft.preset``); the summary's ``config`` records the one used.
+    ``method=None`` is ``default_method(options)``: ``draft-tree`` with a draft model, else
+    ``pld``. ``budget=None`` uses the method's default budget (for draft-model methods, the budget
+    of ``options.graft.preset``); the summary's ``config`` records the one used. ``chat=None``
+    applies the chat template when the tokenizer has one (:func:`chat_mode`).
     """
     from specgraft.api import SpecDecoder
     from specgraft.models.hf import parse_dtype, resolve_device
 
+    options = options if options is not None else MethodOptions()
+    method = method if method is not None else default_method(options)
     get_method(method)
     device = resolve_device(device)
     parse_dtype(dtype, device)
@@ -85,8 +145,8 @@ def run_generate(
     )
     if not prompt:
         raise ValueError("the prompt is empty")
-    options = options if options is not None else MethodOptions()
     dec = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options, progress=not as_json)
+    chat = chat_mode(dec, chat, model)
     ids = dec.encode(prompt, chat=chat)
     dec.engine.check_prompt(ids)
     baseline = dec.with_method("ar") if compare else None
@@ -131,12 +191,13 @@ def run_generate(
                 origin = f" ({derived.describe()})"
             elif METHODS[method].needs_draft_model:
                 origin = f" (preset {options.graft.preset})"
+        resolved = summary["config"]
         line = (
             f"[{method}] budget {used} nodes{origin}, {stats.new_tokens} tokens in {stats.steps} steps, "
             f"MAT {stats.mat:.2f} (bonus token included), {stats.tokens_per_s:.2f} tok/s, overhead {100 * stats.overhead_fraction:.1f}% of step time, "
-            f"threads {summary['config']['threads']}, {summary['config']['device']}"
+            f"threads {resolved['threads']}, {resolved['device']}, {resolved['dtype']}, {prompt_format(chat)}"
         )
-        err.print(line)
+        err.print(line, soft_wrap=True)  # one line however narrow the terminal (and in logs)
         acc = stats.acceptance_by_source()
         if acc:
             err.print("acceptance by source: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in acc.items()))
@@ -144,20 +205,47 @@ def run_generate(
             div = "identical" if summary["first_divergence"] is None else f"first divergence at token {summary['first_divergence']}"
             err.print(
                 f"[ar] {summary['baseline_tokens_per_s']:.2f} tok/s -> speedup {summary['speedup']:.2f}x, "
-                f"agreement {100 * summary['agreement']:.1f}% ({div})"
+                f"agreement {100 * summary['agreement']:.1f}% ({div})", soft_wrap=True,
             )
+            note = agreement_note(same.fraction_equal, resolved["dtype"])
+            if note is not None:
+                err.print(note, soft_wrap=True)
     return summary
 
 
 def _method_help() -> str:
     needs = [name for name in method_names() if METHODS[name].needs_draft_model]
     free = [name for name in method_names() if not METHODS[name].needs_draft_model]
-    return f"{', '.join(free)}; with --draft-model also {', '.join(needs)}."
+    return f"{', '.join(free)}; with --draft-model also {', '.join(needs)}. Default: pld, or draft-tree with --draft-model."
 
 
 # options shared with `specgraft serve`: the model, device and method options
 MODEL = typer.Option(DEMO_MODEL, "--model", "-m", help="Catalog name, local directory or Hugging Face id.")
-DTYPE = typer.Option("auto", help="auto (float32 on CPUs without native bf16), bfloat16 or float32; the draft model's too.")
+DTYPE = typer.Option(
+    "auto", help="auto (float32 on a CPU, bfloat16 on a GPU; the resolved dtype is printed), float32 (exact: equal to plain "
+    "decoding token for token), bfloat16 or float16; the draft model's too.",
+)
+CHAT = typer.Option(
+    None, "--chat/--no-chat",
+    help="Send the prompt through the tokenizer's chat template (--chat; an error without one) or as raw text (--no-chat). "
+    "Default: the chat template when the tokenizer has one (instruct models).",
+)
+CHAT_RECORDS = typer.Option(
+    None, "--chat/--no-chat",
+    help="Wrap records (prompt + response) in the tokenizer's chat template (--chat; an error without one) or not "
+    "(--no-chat). Default: the chat template when the tokenizer has one (instruct models).",
+)
+
+
+def check_seed(seed: Optional[int]) -> Optional[int]:
+    """``--seed``'s check: an integer in ``[0, 2**63)`` (``config.SEED_LIMIT``, as
+    ``SamplingConfig`` takes it); a usage error naming the value otherwise."""
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        raise typer.BadParameter(f"{seed} is not in [0, 2**63)")
+    return seed
+
+
+SEED = typer.Option(None, callback=check_seed, help="Sampling seed, an integer in [0, 2**63) (default: a fresh one).")
 THREADS = typer.Option(None, help="torch threads (default: torch's choice).")
 DEVICE = typer.Option("auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; the draft model's too.")
 RECYCLING_STATE = typer.Option(None, help="Successor matrix .npz from `specgraft warmup` (recycling).")
@@ -305,16 +393,19 @@ def cost_table_value(value: Optional[str]) -> Optional[str]:
 def generate(
     prompt: str = typer.Argument(..., help="The prompt text."),
     model: str = MODEL,
-    method: str = typer.Option("recycling", help=_method_help()),
+    method: Optional[str] = typer.Option(None, help=_method_help()),
     max_new_tokens: int = typer.Option(128, help="Stop after this many new tokens."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1]."),
     top_k: int = typer.Option(0, help="Keep the k most likely tokens (0 = off)."),
-    seed: Optional[int] = typer.Option(None, help="Sampling seed."),
+    seed: Optional[int] = SEED,
     dtype: str = DTYPE,
     budget: Optional[int] = typer.Option(None, help="Tree nodes verified per step (default: the method's default budget, printed)."),
-    chat: bool = typer.Option(False, "--chat", help="Apply the tokenizer's chat template."),
-    compare: bool = typer.Option(False, "--compare", help="Also run plain decoding; report speedup and agreement."),
+    chat: Optional[bool] = CHAT,
+    compare: bool = typer.Option(
+        False, "--compare",
+        help="Also run plain decoding; report speedup and agreement (100% in float32; in bfloat16 near-tied tokens can flip).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming."),
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
     recycling_state: Optional[str] = RECYCLING_STATE,
@@ -340,7 +431,8 @@ def generate(
     row_cost: Optional[str] = ROW_COST,
     cost_table: str = COST_TABLE,
 ) -> None:
-    """Generate text with a speculative method, streaming it."""
+    """Generate text with a speculative method, streaming it; a summary line on stderr names the method, budget, dtype and prompt format."""
+    dtype = resolve_dtype(dtype, device)  # the draft model's too: recorded resolved, never "auto"
     options = method_options(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore,
@@ -364,11 +456,18 @@ def split_paths(values: Optional[list[str]]) -> tuple[str, ...]:
     return tuple(p for v in values or () for p in v.split(",") if p)
 
 
+#: The demo's dtype: the one where every method's output equals plain decoding token for token,
+#: so ``--compare``'s 100% agreement is the demo's point. No ``--dtype`` option.
+DEMO_DTYPE = "float32"
+
+
 def demo(
-    method: str = typer.Option("recycling", help="ar, pld or recycling."),
-    max_new_tokens: int = typer.Option(96),
-    dtype: str = typer.Option("auto", help="auto, bfloat16 or float32."),
+    method: str = typer.Option("pld", help="A method without a draft model: " + ", ".join(
+        name for name in method_names() if not METHODS[name].needs_draft_model) + "."),
+    max_new_tokens: int = typer.Option(96, help="Stop after this many new tokens."),
 ) -> None:
-    """SmolLM2-135M Instruct on a copy-heavy prompt, compared with plain decoding."""
-    err.print(f"specgraft demo: {DEMO_MODEL}, method {method}, {dtype}, greedy, {max_new_tokens} new tokens, chat template")
-    run_generate(DEMO_PROMPT, DEMO_MODEL, method, max_new_tokens=max_new_tokens, dtype=dtype, chat=True, compare=True)
+    """SmolLM2-135M Instruct on a copy-heavy prompt in float32, compared with plain decoding (equal token for token)."""
+    if get_method(method).needs_draft_model:
+        raise ValueError(f"the demo runs without a draft model, so not {method!r}; use `specgraft generate --draft-model ...`")
+    err.print(f"specgraft demo: {DEMO_MODEL}, method {method}, {DEMO_DTYPE}, greedy, {max_new_tokens} new tokens")
+    run_generate(DEMO_PROMPT, DEMO_MODEL, method, max_new_tokens=max_new_tokens, dtype=DEMO_DTYPE, chat=None, compare=True)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.generate import err, out
+from specgraft.cli.generate import CHAT_RECORDS, err, out
 
 models_app = typer.Typer(no_args_is_help=True, help="List and pull the offline model catalog.")
 
@@ -51,21 +51,23 @@ def warmup(
     corpus: str = typer.Option(..., help="JSONL with `turns` and optionally `response`, or a plain text file."),
     out_path: str = typer.Option(..., "--out", help="Where to write the successor matrix (.npz)."),
     limit: int = typer.Option(200, help="Corpus records to read."),
-    dtype: str = typer.Option("auto"),
-    chat: bool = typer.Option(True, help="Wrap records in the chat template (prompt + response)."),
+    dtype: str = typer.Option("auto", help="auto (float32 on a CPU, bfloat16 on a GPU), float32, bfloat16 or float16."),
+    chat: Optional[bool] = CHAT_RECORDS,
     k: int = typer.Option(8, help="Successors per token."),
     device: str = typer.Option("auto", help="auto (cuda when available, else cpu), cpu or cuda."),
 ) -> None:
     """Fill a Token Recycling successor matrix from a corpus, for `--recycling-state`."""
     from specgraft.api import SpecDecoder
     from specgraft.calibration.corpus import read_corpus
+    from specgraft.cli.generate import chat_mode, prompt_format
     from specgraft.calibration.warmup import warm_up_matrix
     from specgraft.drafters.recycling import SuccessorMatrix
 
     texts = read_corpus(corpus, limit=limit)
     dec = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device)
+    chat = chat_mode(dec, chat, model)
     matrix = SuccessorMatrix(dec.target.vocab_size, k)
     t0 = time.perf_counter()
     rows = warm_up_matrix(dec.target, dec.tokenizer, texts, matrix, chat=chat, progress=True)
     matrix.save(out_path)
-    err.print(f"filled {rows} rows from {len(texts)} records in {time.perf_counter() - t0:.1f}s -> {out_path}")
+    err.print(f"filled {rows} rows from {len(texts)} records ({prompt_format(chat)}) in {time.perf_counter() - t0:.1f}s -> {out_path}")

@@ -10,13 +10,13 @@ import typer
 from specgraft.cli.generate import (
     CALIBRATION, DATASTORE, DEVICE, DRAFT_COPY_AHEAD, DRAFT_DEPTH, DRAFT_EXTEND, DRAFT_MODEL, DRAFT_ROW_COST, DRAFT_STOP_MIN, DRAFT_TOP_K, DTYPE, LEARNING, PRESET, READER_SHAPE, RECYCLING_STATE, ROW_COST,
     draft_quant_option,
-    THREADS, _method_help, err, method_options, row_cost_value, set_threads,
+    THREADS, _method_help, err, method_options, resolve_dtype, row_cost_value, set_threads,
 )
 
 
 def serve(
     model: str = typer.Option(..., "--model", "-m", help="Catalog name, local directory or Hugging Face id."),
-    method: str = typer.Option("recycling", help=_method_help()),
+    method: Optional[str] = typer.Option(None, help=_method_help()),
     max_batch: int = typer.Option(8, "--max-batch", help="Sequences decoded together, one target forward per step."),
     max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting for a place in the batch; one more gets 429."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
@@ -61,11 +61,12 @@ def serve(
     """Serve a model over OpenAI's completions and chat completions API (continuous batching)."""
     from specgraft.api import SpecDecoder
     from specgraft.batch import AdaptiveBudget, CostTable
-    from specgraft.methods import get_method
+    from specgraft.methods import default_method, get_method
     from specgraft.serve import ServerConfig, create_app
     from specgraft.serve.run import server
 
-    get_method(method)
+    if method is not None:
+        get_method(method)
     if not 1 <= port <= 65535:
         raise ValueError(f"port must be in 1..65535, got {port}")
     if shutdown_timeout < 0:
@@ -75,12 +76,14 @@ def serve(
         budget=budget,
     )
     set_threads(threads)
+    dtype = resolve_dtype(dtype, device)  # the draft model's too: recorded resolved, never "auto"
     options = method_options(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore, reader_shape=reader_shape,
         draft_quant=draft_quant, row_cost=row_cost_value(row_cost, model, device, threads), draft_extend=draft_extend,
         draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, draft_copy_ahead=draft_copy_ahead, cost_table="auto" if cost_table is None else cost_table,  # an explicit table is read here, before the model loads
     )
+    method = method if method is not None else default_method(options)
     decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options)
     # the decoder resolved `auto` to this model's table on its device: the same table gives the
     # default budget (methods/device_budget.py) and each batch size's budget (AdaptiveBudget)
@@ -93,7 +96,8 @@ def serve(
     err.print(
         f"specgraft serve: {config.model_name} ({model}), method {method}, budget {resolved['generation']['budget']}, "
         f"{adaptive}, max_batch {max_batch}, max_queue {max_queue}, "
-        f"{resolved['dtype']} on {resolved['device']}, threads {resolved['threads']}; http://{host}:{port}/v1"
+        f"{resolved['dtype']} on {resolved['device']}, threads {resolved['threads']}; http://{host}:{port}/v1",
+        soft_wrap=True,  # one line in a log, however narrow the terminal
     )
     app = create_app(decoder, config, policy)
     # the server's own log lines, beside uvicorn's and in its format

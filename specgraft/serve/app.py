@@ -35,7 +35,8 @@ from specgraft.batch import BudgetPolicy, QueueFull
 from specgraft.config import GenerationConfig
 from specgraft.serve.metrics import ServerMetrics
 from specgraft.serve.schemas import (
-    APIError, ChatCompletionRequest, CompletionRequest, ResponseHead, SamplingFields, Usage, completion_prompt, refuse_unsupported,
+    DESCRIBES_INPUT, APIError, ChatCompletionRequest, CompletionRequest, ResponseHead, SamplingFields, Usage, completion_prompt,
+    refuse_unsupported,
 )
 from specgraft.serve.worker import ModelWorker, Piece, WorkerFailed
 
@@ -144,10 +145,9 @@ def create_app(decoder: SpecDecoder, config: ServerConfig, policy: BudgetPolicy 
     async def chat_completions(request: Request) -> Response:
         body = await _parse(request, ChatCompletionRequest)
         server.check_request(body)
-        if not body.messages:
-            raise APIError(400, "messages must not be empty", param="messages")
+        messages = body.conversation()
         try:
-            ids = decoder.encode_messages([{"role": m.role, "content": m.text()} for m in body.messages])
+            ids = decoder.encode_messages(messages)
         except Exception as e:  # the template's own errors (jinja2 TemplateError, e.g. roles that must alternate)
             raise APIError(400, f"the chat template refused the messages: {e}", param="messages") from e
         return await server.generate(request, body, ids, chat=True)
@@ -167,10 +167,32 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        got = f" (got {first['input']!r})" if first["type"] != "missing" else ""
-        raise APIError(400, f"{param}: {first['msg']}{got}", param=param, code=first["type"]) from e
+        raise validation_error(e) from e
+
+
+def field_path(loc: tuple[str | int, ...]) -> str | None:
+    """A pydantic error location as a JSON path in words.
+
+    >>> field_path(("messages", 0, "content")), field_path(("max_tokens",)), field_path(())
+    ('messages[0].content', 'max_tokens', None)
+    """
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or None
+
+
+def validation_error(e: ValidationError, most: int = 80) -> APIError:
+    """The 400 for a body pydantic refused: its first error, naming the field and what was sent
+    (cut to ``most`` characters), e.g. ``max_tokens: Input should be a valid integer (got True)``."""
+    first = e.errors()[0]
+    param = field_path(first["loc"])
+    got = ""
+    if first["type"] != "missing" and first["type"] not in DESCRIBES_INPUT:
+        sent = repr(first["input"])
+        got = f" (got {sent if len(sent) <= most else sent[: most - 3] + '...'})"
+    where = f"{param}: " if param else ""
+    return APIError(400, f"{where}{first['msg']}{got}", param=param, code=first["type"])
 
 
 class _Server:

@@ -5,7 +5,9 @@ Only the fields specgraft serves are declared; other OpenAI fields are accepted 
 not supported, which are refused with a 400 naming them (:func:`refuse_unsupported`).
 
 ``max_tokens`` defaults to :attr:`ServerConfig.default_max_tokens`, capped by what is left of
-the context window after the prompt.
+the context window after the prompt. Numbers are strict: ``max_tokens: true`` or ``"5"`` is a
+400, not 1 or 5 (pydantic would coerce them); ranges are OpenAI's (``temperature`` in [0, 2],
+``top_p`` in (0, 1]) and the seed's ([0, 2**63), ``config.SEED_LIMIT``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from specgraft.config import SEED_LIMIT
 
 
 class APIError(Exception):
@@ -45,15 +50,15 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, allow_inf_nan=False)
+    max_tokens: int | None = Field(None, ge=1, strict=True)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False, strict=True)
     """OpenAI's default is 1 (sampling); pass 0 for greedy."""
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, strict=True)
+    top_k: int = Field(0, ge=0, strict=True)
     """Not OpenAI's; vLLM's extension (0 = off)."""
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, strict=True)
     stop: str | list[str] | None = None
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, strict=True)
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
@@ -83,11 +88,67 @@ class TextPart(BaseModel):
     text: str
 
 
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in words.
+
+    >>> _json_kind({}), _json_kind(3), _json_kind(None)
+    ('an object', 'a number', 'null')
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    kinds = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number"}
+    return next((word for kind, word in kinds.items() if isinstance(value, kind)), type(value).__name__)
+
+
+def _part_kind(part: Any) -> str:
+    """A content part in words, for the error that refuses it.
+
+    >>> _part_kind({"type": "image_url"}), _part_kind({"type": "file"}), _part_kind("hi")
+    ("an 'image_url' part", "a 'file' part", 'a string')
+    """
+    if not isinstance(part, dict):
+        return _json_kind(part)
+    kind = part.get("type")
+    if not isinstance(kind, str):
+        return "a part without a type"
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
+    return f"{article} {kind!r} part"
+
+
+#: Error types whose message describes the input itself: no ``(got ...)`` after it (an image
+#: part's input would be its whole base64 payload).
+DESCRIBES_INPUT = frozenset({"content_type", "unsupported_content_part", "text_part"})
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
+    """Text, or a list of text parts (joined); images, audio and files are refused."""
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, content: Any) -> Any:
+        """Refuse what is not text before the union tries each of its types, so that the error
+        names what was sent (``messages[0].content: only text parts are supported, got an
+        'image_url' part``), not what each type of the union expected (``messages.0.content.str``)."""
+        if content is None or isinstance(content, str):
+            return content
+        if not isinstance(content, list):
+            raise PydanticCustomError(
+                "content_type", "content must be a string or a list of text parts, got {kind}", {"kind": _json_kind(content)}
+            )
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text"):
+                raise PydanticCustomError(
+                    "unsupported_content_part", "only text parts are supported, got {kind}", {"kind": _part_kind(part)}
+                )
+            if not isinstance(part.get("text"), str):
+                raise PydanticCustomError("text_part", "a text part's text must be a string, got {kind}", {"kind": _json_kind(part.get("text"))})
+        return content
 
     def text(self) -> str:
         if self.content is None:
@@ -96,11 +157,40 @@ class ChatMessage(BaseModel):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def missing_text(self) -> str | None:
+        """How a message without text lacks it (``"null"``, ``"an empty string"`` ...), or None
+        when it has text."""
+        if self.text():
+            return None
+        if "content" not in self.model_fields_set:
+            return "no content"
+        if self.content is None:
+            return "null"
+        if isinstance(self.content, str):
+            return "an empty string"
+        return "an empty list of parts" if not self.content else "only empty text parts"
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True)
     """OpenAI's newer name for ``max_tokens``; either may be given."""
+
+    def conversation(self) -> list[dict[str, str]]:
+        """The messages as the chat template takes them (text parts joined); 400 for no messages
+        and for a user message without text (assistant and system messages may be empty).
+
+        >>> ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}]).conversation()
+        [{'role': 'user', 'content': 'hi'}]
+        """
+        if not self.messages:
+            raise APIError(400, "messages must not be empty", param="messages")
+        for i, message in enumerate(self.messages):
+            missing = message.missing_text() if message.role == "user" else None
+            if missing is not None:
+                param = f"messages[{i}].content"
+                raise APIError(400, f"{param}: a user message needs text, got {missing}", param=param, code="empty_content")
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
 
     def max_new_tokens(self) -> int | None:
         if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
