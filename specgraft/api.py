@@ -149,7 +149,8 @@ class SpecDecoder:
         (an ``OSError``) naming it.
 
         ``device="auto"`` is ``cuda`` when a GPU is available, else ``cpu``; ``dtype="auto"`` picks
-        float32 on CPUs without native bf16 (see ``models/kernels.py``), bfloat16 on GPUs;
+        float32 on CPUs (exact: every method equals plain decoding token for token) and
+        bfloat16 on GPUs (see ``models/kernels.py``);
         ``fast_kernels`` fuses the q/k/v and gate/up projections (``models/fusion.py``) and swaps
         the linears for oneDNN ones on CPU (same numbers, faster). A method
         that needs a draft model loads ``options.graft.draft_model`` the same way, on the same device.

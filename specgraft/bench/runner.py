@@ -91,8 +91,8 @@ class BenchConfig:
     temperature: float = 0.0
     """0 = greedy."""
     dtype: str = "auto"
-    """Of the target and the draft model; ``auto`` is float32 on CPUs without native bf16 (where
-    bf16 is emulated and slower); the resolved dtype is recorded (``resolved_dtype``)."""
+    """Of the target and the draft model; ``auto`` is float32 on CPUs and bfloat16 on GPUs;
+    the resolved dtype is recorded (``resolved_dtype``)."""
     seed: int = 0
     """Sampling seed (ours and the peers'), and torch's global seed."""
     budget: int | None = None

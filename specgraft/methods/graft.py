@@ -52,7 +52,7 @@ class GraftOptions:
     """Draft model: catalog name, local directory or Hugging Face id; must share the target's
     vocabulary. A loaded model passed as ``draft_model`` (``SpecDecoder``, ``MethodSpec.build``) is used instead."""
     draft_dtype: str = "auto"
-    """dtype the draft model is loaded in (``auto``: float32 on CPUs without native bf16, see
+    """dtype the draft model is loaded in (``auto``: float32 on CPUs, bfloat16 on GPUs, see
     ``models/kernels.py``); it is always loaded on the target's device."""
     draft_quant: str = "auto"
     """Numerics of the draft model only (the target is never changed, so outputs are too):
@@ -253,7 +253,7 @@ def check_calibration_budget(variant: str, options: GraftOptions, budget: int) -
 
 
 #: A calibration's recorded ``draft_quant`` -> what its draft computed in (``none``: the draft's
-#: dtype, float32 wherever calibrations have been made so far: CPUs without native bf16)
+#: dtype, float32 wherever calibrations have been made so far: CPUs)
 _QUANT_NUMERICS = {"int8": "int8", "int8-tensor": "int8", "bf16": "bfloat16", "fp16": "float16", "none": "float32"}
 
 
