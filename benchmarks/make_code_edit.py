@@ -1,5 +1,7 @@
 """Build ``specgraft/data/code_edit.jsonl``: code-editing (bug-fix) prompts made from HumanEval.
 
+**Writes package data**: the ``code-edit`` suite shipped in the wheel (``make -C benchmarks code-edit``).
+
 Input-guided generation: the answer is the prompt's program with one token-sized fix, so a
 prompt-lookup drafter can copy most of it from the input (the setting of CodeEditorBench's
 "debug" task, which the AdaPLD paper evaluates on). Everything is built offline from the packaged

@@ -10,17 +10,24 @@ so a table of another device scales it.
 Measured per budget rather than per tree position because a smaller budget is not the first
 nodes of a larger tree (a draft tree's nodes are in topological order, and each drafter picks
 its own best nodes for the budget it gets). Tokens per step depend on the method and the models,
-not on the device, so one measurement serves every cost table::
+not on the device, so one measurement serves every cost table.
+
+**Writes package data**: ``specgraft/data/budget_gains.json``, which ``methods/device_budget.py``
+and the batch policy read (``make -C benchmarks budget-gains``; about 30 minutes on 2 cores)::
 
     python benchmarks/measure_budget_gains.py --threads 2 --out specgraft/data/budget_gains.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, for tools/
+from tools.common import load_base, model_arguments, tuning_prompts  # noqa: E402
 
 #: Budgets each method is measured at, up to every node it can verify (the cpu preset's draft
 #: tree holds at most 2 + 4 + 8 + 16 = 30 nodes; prompt lookup proposes only nodes whose estimated
@@ -36,115 +43,12 @@ BUDGETS = {
 }
 
 
-def task_tuning_prompts(per_task: int, tasks: list[str] | None = None):
-    """Spec-Bench items 41 .. 40 + ``per_task`` of each of ``tasks`` (default: every task, in
-    file order), which no benchmark suite uses (``spec-bench:N`` takes the first ``N``)."""
-    from specgraft.suites import DATA_DIR, read_prompt_file
-
-    by_task: dict[str, list] = {}
-    for p in read_prompt_file(DATA_DIR / "spec_bench.jsonl", "spec-bench"):
-        by_task.setdefault(p.task, []).append(p)
-    unknown = [t for t in tasks or () if t not in by_task]
-    if unknown:
-        raise SystemExit(f"unknown Spec-Bench task {unknown[0]!r}; choose from {', '.join(by_task)}")
-    return [p for t in tasks or list(by_task) for p in by_task[t][40 : 40 + per_task]]
-
-
-def code_tuning_prompts(code_prompts: int):
-    """HumanEval items 100 .. 99 + ``code_prompts`` (no benchmark suite uses them)."""
-    from specgraft.suites import DATA_DIR, read_prompt_file
-
-    return read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + code_prompts]
-
-
-def tuning_prompts(per_task: int, code_prompts: int):
-    return task_tuning_prompts(per_task) + code_tuning_prompts(code_prompts)
-
-
-def code_and_task_prompts(code_prompts: int, per_task: int, tasks: list[str]):
-    """HumanEval items 100 .. 99 + ``code_prompts``, then Spec-Bench items 41+ of ``tasks``
-    (:func:`task_tuning_prompts`): tuning prompts no benchmark suite uses."""
-    return code_tuning_prompts(code_prompts) + task_tuning_prompts(per_task, tasks)
-
-
-def hf_assisted(base, draft, max_new_tokens: int = 128):
-    """HF's ``generate(assistant_model=draft)`` on ``base``'s target, greedy, stopping at its EOS tokens."""
-    from specgraft.bench.peers import HFPeer
-
-    return HFPeer("hf-assisted", base.model, sorted(base.engine.eos_token_ids), max_new_tokens, 0.0, 0, assistant_model=draft)
-
-
 def write(path: str, result: dict) -> None:
     """One line per method, so the file reads as a table."""
     methods = ",\n".join(f"  {json.dumps(name)}: {json.dumps(row)}" for name, row in result["methods"].items())
     with open(path + ".tmp", "w") as f:
         f.write('{"meta": ' + json.dumps(result["meta"]) + ',\n "methods": {\n' + methods + "\n }\n}\n")
     os.replace(path + ".tmp", path)
-
-
-def load_base(args, device: str = "cpu"):
-    """``ar`` over the target on ``device``, with the draft model's options for its siblings (no
-    cost table)."""
-    from specgraft.api import SpecDecoder
-    from specgraft.methods import GraftOptions, MethodOptions
-
-    graft = GraftOptions(draft_model=args.draft_model, draft_quant=args.draft_quant, draft_dtype=args.dtype)
-    return SpecDecoder.from_pretrained(args.model, method="ar", dtype=args.dtype, options=MethodOptions(graft=graft, cost_table=None), progress=False, device=device)
-
-
-def load_draft(args, base, quant: str | None = None):
-    """The draft model of ``args`` (``--draft-model``, ``--dtype``, ``--draft-quant`` unless
-    ``quant``) on ``base``'s device, checked against its tokenizer: what the timing scripts share."""
-    from specgraft.models.loading import load_draft_model
-
-    quant = args.draft_quant if quant is None else quant
-    return load_draft_model(args.draft_model, args.dtype, base.target.device, progress=False, target_tokenizer=base.tokenizer, quant=quant)
-
-
-def timed_generate(dec, ids, max_new_tokens: int, budget: int | None = None, stop_on_eos: bool = False):
-    """``(seconds, output)`` of one greedy generation of ``dec`` (the benchmark scripts' timer)."""
-    from specgraft.config import GenerationConfig
-
-    config = GenerationConfig(max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos, budget=budget)
-    t0 = time.perf_counter()
-    out = dec.generate(ids, config=config)
-    return time.perf_counter() - t0, out
-
-
-def bracketed_timings(base, variants, prompts, max_new_tokens: int):
-    """Time each variant against ``ar`` per prompt, drift bracketed: for every prompt, ``ar``,
-    then each variant (in an order that alternates from prompt to prompt), then ``ar`` again.
-    ``variants``: ``(key, budget, decoder)``; greedy, exactly ``max_new_tokens`` tokens (EOS
-    does not stop). Warms every decoder up first. Yields, per prompt, ``(i, ar_first, ar_last,
-    {key: (seconds, MAT, output equals ar's)})``."""
-
-    def run(dec, ids, budget=None, tokens=max_new_tokens):
-        return timed_generate(dec, ids, tokens, budget)
-
-    warm = base.encode("Say hello.", chat=True)
-    for _, budget, dec in variants:
-        run(dec, warm, budget, tokens=4)
-    run(base, warm, tokens=4)
-    for i, ids in enumerate(prompts):
-        ar_first, ref = run(base, ids)
-        timed = {}
-        for key, budget, dec in variants if i % 2 == 0 else variants[::-1]:
-            seconds, out = run(dec, ids, budget)
-            timed[key] = (seconds, out.stats.mat, out.tokens == ref.tokens)
-        ar_last, _ = run(base, ids)
-        yield i, ar_first, ar_last, timed
-
-
-def model_arguments(description: str) -> argparse.ArgumentParser:
-    """The parser both budget scripts start from: target, draft model and numerics, threads, output."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--draft-model", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--draft-quant", default="auto")
-    parser.add_argument("--dtype", default="float32", help="The target's (and an unquantized draft's) dtype.")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", required=True)
-    return parser
 
 
 def main() -> None:

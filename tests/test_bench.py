@@ -618,7 +618,7 @@ def test_vllm_peers_run_after_ours_on_the_same_ids(target_dir, tmp_path, monkeyp
         config(target_dir, out, methods="vllm-recycling")
 
 
-@pytest.mark.parametrize("module", ["agreement", "suites", "machine", "bench.environment", "bench.repetition", "bench.summary", "bench.runner", "bench.vllm_peers", "bench.report"])
+@pytest.mark.parametrize("module", ["agreement", "suites", "machine", "bench.environment", "bench.repetition", "bench.summary", "bench.runner", "bench.vllm_peers", "bench.report", "bench.plots"])
 def test_docstring_examples(module):
     import doctest
     import importlib
@@ -683,3 +683,80 @@ def test_source_revision_names_the_commit_and_uncommitted_changes(tmp_path):
     assert source_revision(tmp_path) == head + "+dirty"
     env = environment("float32")
     assert {"specgraft_revision", "cpu"} <= set(env)
+
+
+def small_summary():
+    """``ar``, ``pld`` and a peer whose baseline is missing (no speedup anywhere: an empty series),
+    on one task; ``ar`` emits one token a step, ``pld`` one to three."""
+    from specgraft.bench.summary import PHASES, Cell, Summary
+
+    cells = {}
+    for task in ("qa", OVERALL):
+        for m, time_s, steps, hist in (("ar", 10.0, 60, {1: 60}), ("pld", 5.0, 30, {1: 10, 2: 10, 3: 10})):
+            c = Cell(m, task, False, generations=2, new_tokens=60, steps=steps, time_s=time_s, ar_time_s=10.0,
+                     hf_time_s=None, prefill_s=1.0, ar_prefill_s=1.0, exact=2, fraction_equal_sum=2.0)
+            c.tokens_per_step.update(hist)
+            c.phase_s.update({p: time_s / len(PHASES) for p in PHASES})
+            cells[(m, task)] = c
+        cells[("hf-pld", task)] = Cell("hf-pld", task, True, generations=2, new_tokens=60, steps=None, time_s=4.0,
+                                       ar_time_s=0.0, hf_time_s=None, prefill_s=None)
+    return Summary(["ar", "pld", "hf-pld"], ["qa"], cells, {}, {"qa": 2, OVERALL: 2}, ["s1"])
+
+
+def test_the_ar_row_shows_no_speedup_over_itself():
+    from specgraft.bench.report import render_markdown, task_table
+
+    rows = {line.split(" | ")[0].lstrip("| "): line.strip("|").split(" | ") for line in task_table(small_summary(), OVERALL)[2:]}
+    header = task_table(small_summary(), OVERALL)[0].strip("| ").split(" | ")
+    ar, pld = (dict(zip(header, (x.strip() for x in rows[m]))) for m in ("ar", "pld"))
+    assert ar["speedup vs ar"] == "-" and ar["decode speedup vs ar"] == "-" and ar["MAT (bonus incl.)"] == "1.00"
+    assert pld["speedup vs ar"] == "2.00x" and pld["decode speedup vs ar"] == "2.25x"
+    assert "| ar | 1.00 | 6.00 | - |" in render_markdown(small_summary())
+
+
+def test_plots_start_the_histogram_at_zero_and_keep_legends_off_the_bars(tmp_path, monkeypatch):
+    """Rendered with the Agg backend and inspected before the figures close: every
+    tokens-per-step axis (``ar``'s single bar at 1 included) starts at 0; a legend sits right of
+    its axes, lists only series that drew something, and rendering warns about nothing."""
+    import warnings
+
+    import specgraft.bench.plots as plots
+
+    figures = {}
+    monkeypatch.setattr(plots.plt, "close", lambda fig: figures.setdefault(len(figures), fig))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        paths = plots.write_plots(small_summary(), tmp_path)
+    assert [p.name for p in paths] == ["speedup_vs_mat.png", "speedup_by_task.png", "tokens_per_step.png", "time_breakdown.png"]
+    by_name = dict(zip((p.stem for p in paths), figures.values()))
+    hist_axes = by_name["tokens_per_step"].axes
+    assert [ax.get_title().split(" ")[0] for ax in hist_axes] == ["ar", "pld"]
+    assert all(ax.get_xlim()[0] == 0 for ax in hist_axes)
+    for name, labels in (("speedup_by_task", ["pld"]), ("speedup_vs_mat", ["ar: overall", "pld: overall", "qa"])):
+        fig = by_name[name]
+        ax = fig.axes[0]
+        legend = ax.get_legend()
+        assert [t.get_text() for t in legend.get_texts()] == labels, name
+        fig.canvas.draw()
+        assert legend.get_window_extent().x0 >= ax.get_window_extent().x1, f"{name}: the legend overlaps the axes"
+    # a run of ar alone: nothing to compare, so no bars and no legend (and no "No artists with labels" warning)
+    alone = small_summary()
+    alone.methods = ["ar"]
+    figures.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plots.plot_speedup_by_task(alone, tmp_path / "alone.png")
+    assert figures[0].axes[0].get_legend() is None
+
+
+def test_the_shared_alternating_order():
+    """``benchmarks/tools/alternate.py``: the one alternating-order loop the measurement scripts
+    share (its doctest), and that a script importing it through ``tools`` loads."""
+    import doctest
+
+    from tests.scripts import benchmark_script
+
+    alternate = benchmark_script("alternate")
+    assert doctest.testmod(alternate).failed == 0
+    assert [alternate.alternate("abc", i) for i in range(3)] == [list("abc"), list("cba"), list("abc")]
+    assert benchmark_script("project_gpu").alternate(["ar", "pld"], 1) == ["pld", "ar"]

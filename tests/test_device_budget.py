@@ -201,7 +201,7 @@ def test_docstring_examples(module):
 
 
 def test_shipped_gpu_tables_are_found_and_give_gpu_budgets():
-    """The tables measured on an H200 for the catalog models (``benchmarks/results-gpu-h200``)
+    """The tables measured on an H200 for the catalog models (``benchmarks/experiments/gpu/NOTES.md``)
     serve any CUDA device without ``specgraft profile``, and from them every method with
     measured gains gets at least the budget the shipped CPU table gives it."""
     from specgraft.batch.profile import SHIPPED_DIR, find_cost_table

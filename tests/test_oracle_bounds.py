@@ -1,4 +1,4 @@
-"""Issue 13's oracle bounds (``benchmarks/measure_copy_bound.py``, ``benchmarks/measure_reader_oracle.py``).
+"""The oracle bounds (``benchmarks/tools/measure_copy_bound.py``, ``benchmarks/tools/measure_reader_oracle.py``).
 
 A bound is only worth its name if no real run beats it. On the tiny models: the copy bounds'
 replayed steps are at most what `pld` and `adapld` really took on the same outputs, and the

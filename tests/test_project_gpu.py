@@ -1,4 +1,4 @@
-"""``benchmarks/project_gpu.py``: forcing a model onto recorded tokens, and replaying a trace's forwards.
+"""``benchmarks/tools/project_gpu.py``: forcing a model onto recorded tokens, and replaying a trace's forwards.
 
 A GPU projection stands on two claims: a target whose logits are forced onto a recorded
 continuation emits exactly it, whatever its weights and whatever the drafters propose (so a

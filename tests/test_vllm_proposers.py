@@ -231,7 +231,7 @@ def test_a_measured_cost_per_length_prices_whole_chains(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="not a step-cost file"):
         ChainCost.parse(str(tmp_path / "bad.json"))
-    shipped = Path(__file__).parents[1] / "benchmarks/results-vllm/step-cost-qwen1.5b-zen3.json"
+    shipped = Path(__file__).parents[1] / "benchmarks/experiments/vllm/step-cost-qwen1.5b-zen3.json"
     assert ChainCost.from_probe(shipped).by_length == CPU_DEFAULT.by_length
 
 

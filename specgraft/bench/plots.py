@@ -3,8 +3,13 @@
 - ``speedup_vs_mat.png``: speedup against MAT per method and task, the speed/MAT frontier of the
   Graft paper's Figure 1 (peers, which have no MAT, are dashed lines at their overall speedup).
 - ``speedup_by_task.png``: speedup vs ``ar`` per task, one bar per method.
-- ``tokens_per_step.png``: share of steps that produced k tokens (accepted + bonus), per method.
+- ``tokens_per_step.png``: share of steps that produced k tokens (accepted + bonus), per method;
+  every x axis starts at 0, so ``ar``'s single bar at 1 reads as what it is.
 - ``time_breakdown.png``: milliseconds per new token, split into the engine's phases.
+
+Legends sit outside the axes (they never cover a bar or a point) and list only series that drew
+something: a method with no value on any task has no entry, and a plot with nothing to label has
+no legend.
 """
 
 from __future__ import annotations
@@ -25,6 +30,35 @@ MARKERS = "osD^v<>PXh*p"
 def _colors(methods: list[str]) -> dict[str, tuple]:
     cmap = plt.get_cmap("tab10")
     return {m: cmap(i % 10) for i, m in enumerate(methods)}
+
+
+def _legend_outside(ax) -> None:
+    """A legend right of the axes with one entry per label that drew something; none if nothing did.
+
+    Matplotlib leaves out artists whose label starts with ``_`` (what an empty series gets here),
+    and warns "No artists with labels" when ``legend()`` finds none: that case draws no legend.
+    """
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    if unique:
+        ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # "tight": the outside legend is kept whole
+    plt.close(fig)
+    return path
+
+
+def step_axis_limits(ks) -> tuple[float, float]:
+    """The x range of a tokens-per-step histogram: from 0 (no step yields fewer than one token, so
+    the empty 0 slot shows where the axis begins) to half a bar past the largest ``k``.
+
+    >>> step_axis_limits([1]), step_axis_limits([3, 1, 2])
+    ((0.0, 1.5), (0.0, 3.5))
+    """
+    return 0.0, max(ks, default=1) + 0.5
 
 
 def plot_speedup_vs_mat(summary: Summary, path: Path) -> Path:
@@ -49,12 +83,9 @@ def plot_speedup_vs_mat(summary: Summary, path: Path) -> Path:
     ax.set_ylabel("speedup vs ar (total ar time / total method time)")
     ax.set_title("Speed against MAT, per method (colour) and task (marker)")
     # outside the axes: with a dozen methods a legend inside hides the points
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    _legend_outside(ax)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_speedup_by_task(summary: Summary, path: Path) -> Path:
@@ -70,17 +101,15 @@ def plot_speedup_by_task(summary: Summary, path: Path) -> Path:
             if c is not None and c.speedup is not None:
                 xs.append(i + (j - (len(methods) - 1) / 2) * width)
                 ys.append(c.speedup)
-        ax.bar(xs, ys, width=width, color=colors[m], label=m)
+        if ys:  # a method with no speedup anywhere (e.g. a peer without its baseline) gets no entry
+            ax.bar(xs, ys, width=width, color=colors[m], label=m)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xticks(range(len(tasks)), tasks, rotation=20, ha="right")
     ax.set_ylabel("speedup vs ar")
     ax.set_title("Speedup per task")
-    ax.legend(fontsize=7)
+    _legend_outside(ax)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_tokens_per_step(summary: Summary, path: Path) -> Path:
@@ -95,14 +124,12 @@ def plot_tokens_per_step(summary: Summary, path: Path) -> Path:
         ax.bar(ks, [hist[k] / steps for k in ks], color=colors[m])
         ax.set_title(f"{m} (MAT {summary.cells[(m, OVERALL)].mat:.2f})", fontsize=9)
         ax.set_xlabel("tokens per step")
+        ax.set_xlim(*step_axis_limits(ks))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("share of steps")
     fig.suptitle("Tokens per step (accepted + bonus), all tasks", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_time_breakdown(summary: Summary, path: Path) -> Path:
@@ -116,22 +143,18 @@ def plot_time_breakdown(summary: Summary, path: Path) -> Path:
             left = 0.0
             for j, p in enumerate(PHASES):
                 w = 1000 * c.phase_s[p] / c.new_tokens
-                ax.barh(i, w, left=left, color=cmap(j), label=p if i == 0 else None)
+                # a phase no method spent time in draws nothing and gets no legend entry
+                ax.barh(i, w, left=left, color=cmap(j), label=p if w > 0 else "_")
                 left += w
         else:
-            ax.barh(i, 1000 * c.time_s / c.new_tokens, color="lightgray", hatch="//", label="HF total (no breakdown)")
+            ax.barh(i, 1000 * c.time_s / c.new_tokens, color="lightgray", hatch="//", label="peer total (no breakdown)")
     ax.set_yticks(range(len(summary.methods)), summary.methods)
     ax.invert_yaxis()
     ax.set_xlabel("ms per new token")
     ax.set_title("Where the time goes (all tasks)")
-    handles, labels = ax.get_legend_handles_labels()
-    uniq = dict(zip(labels, handles))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="lower right")
+    _legend_outside(ax)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_plots(summary: Summary, plot_dir: Path) -> list[Path]:

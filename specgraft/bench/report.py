@@ -67,7 +67,8 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
 
 
 def task_table(summary: Summary, task: str) -> list[str]:
-    """Markdown rows: one per method on ``task``."""
+    """Markdown rows: one per method on ``task``; ``ar``, the baseline, shows ``-`` for its speedups
+    over itself."""
     header = [
         "method", "MAT (bonus incl.)", "tokens/s", "speedup vs ar", "speedup vs own plain", "decode speedup vs ar",
         "exact", "equal positions", "first divergence", "exact vs own plain",
@@ -77,13 +78,14 @@ def task_table(summary: Summary, task: str) -> list[str]:
         c = summary.cell(m, task)
         if c is None:
             continue
+        baseline = m == "ar"  # its speedup over itself is 1 by definition: a dash, not "1.00x"
         out.append([
             peer_label(m) if c.peer else m,
             _f(c.mat),
             _f(c.tokens_per_s),
-            _f(c.speedup, suffix="x"),
+            _f(None if baseline else c.speedup, suffix="x"),
             _f(c.speedup_hf, suffix="x"),
-            _f(c.decode_speedup, suffix="x"),
+            _f(None if baseline else c.decode_speedup, suffix="x"),
             f"{c.exact}/{c.generations}",
             _f(100 * c.mean_fraction_equal, 1, "%"),
             "-" if c.first_divergence is None else str(c.first_divergence),

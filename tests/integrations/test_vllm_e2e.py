@@ -102,7 +102,7 @@ def test_outputs_equal_vllm_plain_and_drafts_are_accepted(method, inputs, plain,
 
 
 def test_replay_ngram_is_vllms_ngram():
-    """``benchmarks/replay_vllm_proposers.py`` re-implements vLLM's ngram proposal to replay it
+    """``benchmarks/tools/replay_vllm_proposers.py`` re-implements vLLM's ngram proposal to replay it
     offline; it must propose what vLLM's own (numba) function proposes."""
     import importlib.util
     import sys
@@ -110,7 +110,7 @@ def test_replay_ngram_is_vllms_ngram():
     import numpy as np
     from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "replay_vllm_proposers.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "tools" / "replay_vllm_proposers.py"
     spec = importlib.util.spec_from_file_location("replay_vllm_proposers", path)
     replay = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = replay  # its dataclasses look their module up
