@@ -389,3 +389,23 @@ def test_cli_generate_on_llamacpp(gguf_dirs, monkeypatch, capsys):
     assert summary["config"]["dtype"].startswith("llama ")  # llama.cpp's description of the GGUF: architecture, size, type
     code, _, err = run_cli(monkeypatch, capsys, "generate", "--model", str(gguf_dirs["target"]), "--dtype", "float32", "w5")
     assert code == 2 and err.count("\n") == 1 and "GGUF's own quantization" in err
+
+
+def test_batched_requests_equal_each_alone_in_strict_mode(ggufs):
+    """Continuous batching on one llama.cpp context: requests joining and leaving at random
+    steps, the budget cap changing every step (``tests/test_batch.py::RandomCap``), each request's
+    greedy output equal to this backend's ``ar`` alone (strict mode: no cell is reused while a
+    slot is alive, so every sequence's cells stay in position order)."""
+    from specgraft.batch import BatchEngine
+
+    from tests.test_batch import RandomCap, run_schedule
+
+    target = target_of(ggufs, "q8", strict=True)
+    draft = LlamaCppTarget(ggufs["draft"], threads=1)
+    runs = engines(target, draft, ["pld", "draft-tree"])
+    rng = random.Random(4)
+    requests = [(p, GenerationConfig(max_new_tokens=rng.randint(4, 16), budget=8, stop_on_eos=False)) for p in repetitive_prompts(8, seed=7)]
+    expected = {str(i): runs["ar"].generate_ids(p, c) for i, (p, c) in enumerate(requests)}
+    for name in ("pld", "draft-tree"):
+        got = run_schedule(BatchEngine(runs[name], max_batch=3, policy=RandomCap(rng.randrange(100))), requests, rng)
+        assert got == expected, name

@@ -33,10 +33,12 @@ every forward of every method compute each row the same way, so methods equal th
 ``ar`` token for token: every batch is padded to :data:`STRICT_ROWS` (at least 8 rows, a
 multiple of 4; padding rows live in a sequence of their own, get logits so the output layer
 runs on as many rows, and are removed after the forward); flash attention is on, whose CPU
-kernel adds a row's visible cells in their order in the cache; and rejected rows are not freed
-but kept in the slot's **garbage** sequence (attended by nothing) until the slot is released, so
-later rows never fill holes between kept cells and every sequence's cells stay in position
-order. Strict mode costs a padded forward per plain step; it is for checking, not for speed.
+kernel adds a row's visible cells in their order in the cache; and no cell is freed while any
+slot is alive: rejected rows, and the rows of released slots, move to the context's
+**garbage** sequence (attended by nothing), which is emptied when the last slot is released.
+So later rows never fill holes between a sequence's cells, and every sequence's cells stay in
+position order, one sequence or a batch of them. Strict mode costs a padded forward per plain
+step and cells for every row verified while slots are alive; it is for checking, not for speed.
 
 Install: ``pip install llama-cpp-python==0.3.36`` builds llama.cpp from source; see
 ``specgraft.models.llamacpp_build`` for the CMake flags that work on each CPU.
@@ -122,8 +124,6 @@ class _Slot:
     pending: list[_Pending] = field(default_factory=list)
     branches: set[int] = field(default_factory=set)
     """Sequence ids owned by pending rows (freed at commit or discard)."""
-    garbage: int | None = None
-    """Strict mode: the sequence holding this slot's rejected rows until release."""
 
 
 @dataclass
@@ -221,6 +221,8 @@ class LlamaCppTarget:
         self._batch = llama.llama_batch_init(n_batch, 0, MAX_SEQUENCES)
         self._free_seqs = list(range(MAX_SEQUENCES - 1, -1, -1))  # pop() hands out the lowest
         self._pad_seq = self._free_seqs.pop() if strict else None
+        # strict mode: rows no sequence attends to any more, kept until no slot is alive
+        self._garbage = self._free_seqs.pop() if strict else None
         self._slots: dict[int, _Slot] = {}
 
     def close(self) -> None:
@@ -261,16 +263,20 @@ class LlamaCppTarget:
     def allocate(self) -> int:
         """A new, empty slot for one sequence."""
         main = self._seq()
-        self._slots[main] = _Slot(main=main, garbage=self._seq() if self.strict else None)
+        self._slots[main] = _Slot(main=main)
         return main
 
     def release(self, slot: int) -> None:
         state = self._slots.pop(slot, None)
         if state is None:
             return
-        for seq in (state.main, *state.branches, *([state.garbage] if state.garbage is not None else [])):
+        for seq in (state.main, *state.branches):
+            if self._garbage is not None:
+                self._llama.llama_memory_seq_cp(self._mem, seq, self._garbage, -1, -1)
             self._llama.llama_memory_seq_rm(self._mem, seq, -1, -1)
             self._free_seqs.append(seq)
+        if self._garbage is not None and not self._slots:
+            self._llama.llama_memory_seq_rm(self._mem, self._garbage, -1, -1)
 
     def length(self, slot: int) -> int:
         """Committed rows of ``slot``."""
@@ -511,11 +517,11 @@ class LlamaCppTarget:
 
     def _drop_pending(self, state: _Slot) -> None:
         """Remove every pending sequence of ``state``; strict mode first keeps the rows that were
-        not committed in the slot's garbage sequence, so no later row fills their cells."""
+        not committed in the garbage sequence, so no later row fills their cells."""
         for seq in state.branches:
             # (the kept rows get the garbage sequence as well: harmless, nothing attends to it)
-            if state.garbage is not None:
-                self._llama.llama_memory_seq_cp(self._mem, seq, state.garbage, state.length, -1)
+            if self._garbage is not None:
+                self._llama.llama_memory_seq_cp(self._mem, seq, self._garbage, state.length, -1)
             self._llama.llama_memory_seq_rm(self._mem, seq, -1, -1)
             self._free_seqs.append(seq)
         state.branches.clear()
