@@ -145,7 +145,7 @@ class SpecEngine:
         # 385-token one 0.13-0.30 s slower, 700-1,060 tokens 0.5-1.5 s slower; longer prompts fuse
         # their last part, :meth:`fused_head`). On a GPU the fused forward is one CUDA graph
         # (rows padded to a power of two) where the prefill runs eagerly: start + first step on an
-        # H200 (random bf16 1.5B, benchmarks/measure_fuse_length.py) 0.14-0.45x of apart up to
+        # H200 (random bf16 1.5B, benchmarks/experiments/gpu/measure_fuse_length.py) 0.14-0.45x of apart up to
         # 1,536 tokens, 0.55-0.67x at 2,048, 0.80x at 3,072, 1.22x at 4,096 (benchmarks/RESULTS.md)
         device = str(getattr(target, "device", "cpu"))
         self.fuse_prefill_max = 320 if device.startswith("cpu") else 2048 if device.startswith("cuda") else 512

@@ -4,7 +4,7 @@ Examples (2-core CPU; minutes)::
 
     specgraft profile --model qwen2.5-coder-1.5b-instruct --threads 2
     specgraft bench-serve --model qwen2.5-coder-1.5b-instruct --draft-model qwen2.5-coder-0.5b-instruct \\
-        --methods ar,pld,recycling,draft-tree --batch-sizes 1,2,4,8 --suite spec-bench:1 --out benchmarks/results-batch
+        --methods ar,pld,recycling,draft-tree --batch-sizes 1,2,4,8 --suite spec-bench:1 --out bench-serve-out
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ deterministic), so outputs are the target's.
 - *Reranking layer.* Table 6 takes each model's layer from PLD+'s sweep (the layer whose
   reranking best predicts the continuation on held-out text). ``RERANK_LAYERS`` holds the
   result of the same sweep for the catalog models (``specgraft.calibration.rerank_layer``;
-  ``benchmarks/adapld_layer_sweep.py``); other models get ``num_layers // 3`` (Table 6's
+  ``benchmarks/experiments/adapld-reader/adapld_layer_sweep.py``); other models get ``num_layers // 3`` (Table 6's
   Vicuna layers lie at 0.18-0.33 of the depth).
 
 Example: memory ``[5, 7, 1, 9, 5, 7, 2, 8, 5]`` (root ``x_8 = 5``). Lexical anchors of ``5``: 0
@@ -79,7 +79,7 @@ from specgraft.drafters.pld import CopyRates, prune
 from specgraft.types import Draft, PrefillOutput, PrefillRequest, StepResult
 
 #: Reranking layer per model signature ``(model_type, num_layers, hidden_size)``, from the
-#: sweep in ``benchmarks/adapld_layer_sweep.py`` (PLD+'s protocol, AdaPLD Table 6).
+#: sweep in ``benchmarks/experiments/adapld-reader/adapld_layer_sweep.py`` (PLD+'s protocol, AdaPLD Table 6).
 #: Qwen2.5-Coder-1.5B (28 layers): 40 held-out texts, 1264 positions with two or more anchors;
 #: mean accepted copy 0.595 with the most recent anchor, 0.92-1.00 reranked at any layer, best
 #: at layer 21 (0.998; layer 9 = 28 // 3: 0.936), oracle 1.347.

@@ -80,7 +80,7 @@ committed. So the chain's tokens and scores are the plain extension's (up to the
 multi-row forward's arithmetic, and an int8 draft's activation scale, which the other rows of the
 forward share), drafted in fewer forwards. The cpu preset guesses 7 rows (a forward of 8 rows
 costs ~1.6 one-row forwards): on the first turns of issue 14's set (24 prompts, Zen 3,
-``benchmarks/measure_tree_cut.py --variants cut,copy,hf``) ``draft-tree`` drafted in 10% less
+``benchmarks/experiments/draft-tree/measure_tree_cut.py --variants cut,copy,hf``) ``draft-tree`` drafted in 10% less
 time (summarization 25%, code 16% less) in as many steps (489 against 488), every output equal
 to ``ar``; where answers copy little (translation, qa, mt_bench) it guesses rarely and drafted
 as before. Worked example: the path ends ``... the cat sat``, the
@@ -122,9 +122,9 @@ exp(S)`` the node's draft path probability as its acceptance estimate
 one row's cost as a fraction of a step verifying no node: the target's one-row forward plus the
 step's draft forwards (Zen 3: ~40 ms a row against ~0.5 s + ~0.25 s; on a normal-speed day ~25
 ms against ~0.3 s + ~0.15 s; both ~0.05). Path probability is a fair acceptance estimate for
-the int8 0.5B draft of the 1.5B target (``benchmarks/measure_draft_calibration.py``, 117 steps
+the int8 0.5B draft of the 1.5B target (``benchmarks/experiments/draft-tree/measure_draft_calibration.py``, 117 steps
 of tuning prompts: nodes under 0.05 accepted 2.5% of the time, 0.1-0.2 12%, 0.3-0.5 56%, over
-0.9 98%). Timed on the Zen 3 (``benchmarks/measure_tree_cut.py``; ``benchmarks/RESULTS.md``,
+0.9 98%). Timed on the Zen 3 (``benchmarks/experiments/draft-tree/measure_tree_cut.py``; ``benchmarks/RESULTS.md``,
 *A cost-aware cut*): issue 14's six short answers verified 182 nodes instead of 301 in 53 steps
 instead of 50, 5% faster over three alternating rounds; 11 tuning prompts 949 nodes instead of
 1,042, 2% faster. Worked example, path

@@ -331,7 +331,7 @@ class ChainCost:
 
 CPU_DEFAULT = ChainCost(0.0518, 0.1182, (0.1541, 0.248, 0.4915, 0.5563, 0.5911))
 """Measured on an AMD EPYC Zen 3 (AVX2), Qwen2.5-Coder-1.5B, vLLM 0.32, 1 model thread
-(``benchmarks/results-vllm/step-cost-qwen1.5b-zen3.json``)."""
+(``benchmarks/experiments/vllm/step-cost-qwen1.5b-zen3.json``)."""
 
 
 @dataclass

@@ -32,9 +32,9 @@ it for the int8 draft). Each output column is the same dot product as before:
   as well; ``fuse=False`` in :func:`specgraft.models.hf.load_causal_lm` keeps the plain layout.
 
 Measured (AMD EPYC Zen 3, 2 threads, 600 cached tokens, 16 alternating repeats;
-``benchmarks/measure_fusion.py``): the fp32 1.5B target's forwards 4-9% cheaper at 1 / 4 / 16
+``benchmarks/experiments/cpu-kernels/measure_fusion.py``): the fp32 1.5B target's forwards 4-9% cheaper at 1 / 4 / 16
 rows and 2% at 8, the int8 0.5B draft's 5-7% at 1-4 rows. On an NVIDIA H100 (bf16, random
-weights of the same shapes, 512 cached tokens, 20 alternating repeats; ``benchmarks/gpu_check.sh``,
+weights of the same shapes, 512 cached tokens, 20 alternating repeats; ``benchmarks/tools/gpu_check.sh``,
 stage ``fusion``) the 1.5B's forwards 4-6% cheaper at 1-64 rows and the 0.5B's 1-4% at 1-8 rows,
 logits equal bit for bit. So loaders fuse by default on any device (``fast_kernels``);
 ``fuse=False`` keeps the plain layout.

@@ -38,7 +38,7 @@ the sum differently), as with any change of padding. The guarantee stays fp32's:
 greedy outputs with graphs equal those without and Hugging Face's plain greedy decoding
 (``tests/test_cuda.py``, passed on an H100).
 
-Measured on an H100 (bf16, random weights of the 1.5B / 0.5B shapes; ``benchmarks/measure_cuda_graphs.py``,
+Measured on an H100 (bf16, random weights of the 1.5B / 0.5B shapes; ``benchmarks/experiments/gpu/measure_cuda_graphs.py``,
 RESULTS *On a GPU, third time*): ``ar`` 22.6 -> 4.8 ms a token (Hugging Face's ``generate``
 20.9), ``draft-tree`` 50.1 -> 9.2 ms a token, a batched ``ar`` step at 16 sequences 31.9 ->
 8.7 ms; the 1.5B's forward 5.3 ms for 1 row, 7.1 for 64.
@@ -176,7 +176,7 @@ class DecoderGraphs:
         A tree's size changes from step to step (prompt lookup keeps 1-17 rows, a draft tree
         whatever its cut leaves), and every new ``(rows, bucket)`` key runs eagerly until it is
         captured: on an H200 an eager forward of the 1.5B costs 17-50 ms against 5-7 ms replayed,
-        and the step traces of issue 13's prompts (``benchmarks/project_gpu.py``) saw 9-24 keys a
+        and the step traces of issue 13's prompts (``benchmarks/tools/project_gpu.py``) saw 9-24 keys a
         128-token generation. Padded, a generation meets at most a handful. Padding costs little
         where graphs pay (the 1.5B's forward: 6.0 ms for 2 rows, 6.5 for 16, 7.0 for 64).
 

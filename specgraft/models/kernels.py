@@ -37,7 +37,7 @@ input rows than for 4: on a 2-core AMD EPYC Zen 4 (AVX-512) a whole 1.5B forward
 linear's input of fewer than 4 rows with zero rows to 4 (the extra outputs dropped) made 1- and
 2-row forwards 17-19% faster (292 -> 244 ms and 326 -> 265 ms, in a slower hour of the same
 machine), with logits within 1.5e-5 of the unpadded ones; over 8 tuning prompts at 64 tokens `ar` ran 1.17x
-faster and `pld` 1.13x (`benchmarks/measure_small_input_rows.py`). On the Zen 3 above the opposite holds
+faster and `pld` 1.13x (`benchmarks/experiments/cpu-kernels/measure_small_input_rows.py`). On the Zen 3 above the opposite holds
 (4 rows cost more than 1), so padding is per machine: :func:`small_input_rows` reads it from
 the model's cost table (``specgraft profile``: pad to the cheapest row count up to 4 when it
 beats one row by more than 5%), and :class:`~specgraft.api.SpecDecoder` applies it with
