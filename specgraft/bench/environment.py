@@ -61,7 +61,9 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
     return out
 
 
-def environment(dtype: str) -> dict[str, Any]:
+def environment(dtype: str, extra_packages: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Where a run measures; ``extra_packages``: more versions to record (``llama_cpp_python``
+    for a run with llama.cpp)."""
     import torch
 
     return {
@@ -74,6 +76,6 @@ def environment(dtype: str) -> dict[str, Any]:
         "torch_interop_threads": torch.get_num_interop_threads(),
         "dtype": dtype,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "packages": package_versions(),
+        "packages": package_versions(PACKAGES + tuple(extra_packages)),
         "specgraft_revision": source_revision(),
     }

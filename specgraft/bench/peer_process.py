@@ -1,4 +1,4 @@
-"""The Hugging Face peers in a process of their own, on their own copy of the models.
+"""The Hugging Face and llama-cpp-python peers in a process of their own, on their own copy of the models.
 
 Why a second process: measured on issue 14's three summarization prompts (Zen 3, fp32, 128 new
 tokens), ``draft-tree`` took 141.4 s in a bench process where the Hugging Face peers had run
@@ -12,6 +12,15 @@ bench does; each side then keeps a process of its own, and the two never run at 
 bench waits, idle, while a peer generates. The cost is a second copy of the models in memory
 (the 1.5B fp32 target is ~6 GB) and the child's load time, which is not measured.
 ``peer_process="shared"`` runs the peers on the bench's own model objects, as before.
+
+The llama-cpp-python peers (``llamacpp``, ``llamacpp-pld``: :mod:`specgraft.bench.llamacpp_peers`)
+run in the same child for the same reason: a ``Llama`` allocates its own context, compute
+buffers, repacked weights and (``llamacpp-pld``, whose ``logits_all`` keeps every row's logits)
+a logits matrix of context x vocabulary floats, and shares llama.cpp's thread pool with our
+backend; in a process of its own it disturbs nothing of ours and runs as a user's script runs it.
+The child loads the GGUF by itself (memory-mapped: the page cache is shared with the bench's copy).
+A child with llama-cpp-python peers is started once the bench knows its EOS ids
+(``PeerSpec.eos_token_ids``): the peers stop where our methods stop.
 
 Example::
 
@@ -37,7 +46,7 @@ from typing import Any, Sequence
 from specgraft.bench.contract import MethodRun
 
 PEER_PROCESSES = ("separate", "shared")
-"""Where the Hugging Face peers run: a child process with its own models, or this process."""
+"""Where the Hugging Face and llama-cpp-python peers run: a child process with its own models, or this process."""
 
 POLL_S = 1.0
 """How often the bench checks, while it waits for the child, that the child is still alive."""
@@ -61,6 +70,54 @@ class PeerSpec:
     max_new_tokens: int
     temperature: float
     seed: int
+    gguf: str | None = None
+    """The target's GGUF, for the llama-cpp-python peers."""
+    eos_token_ids: tuple[int, ...] | None = None
+    """Where every peer stops: the bench's EOS ids; None: the child's Hugging Face decoder's own
+    (the bench checks they are its own)."""
+    llamacpp_draft_max: int | None = None
+    """``llamacpp-pld``'s ``num_pred_tokens`` (None: its own default)."""
+
+
+def build_peers(spec: PeerSpec) -> tuple[list[int], dict[str, Any]]:
+    """The peers of ``spec`` (Hugging Face ones over a decoder and draft loaded here) and the EOS
+    ids they stop at."""
+    import torch
+
+    from specgraft.bench.llamacpp_peers import LLAMACPP_PYTHON_PEERS, LlamaCppPeer
+    from specgraft.bench.peers import HFPeer
+
+    hf = [name for name in spec.peers if name not in LLAMACPP_PYTHON_PEERS]
+    llama = [name for name in spec.peers if name in LLAMACPP_PYTHON_PEERS]
+    if spec.threads is not None:
+        torch.set_num_threads(spec.threads)
+    torch.manual_seed(spec.seed)
+    peers: dict[str, Any] = {}
+    eos = sorted(spec.eos_token_ids) if spec.eos_token_ids is not None else None
+    if hf:
+        from specgraft.api import SpecDecoder
+        from specgraft.models.loading import load_draft_model
+
+        decoder = SpecDecoder.from_pretrained(
+            spec.model, method="ar", dtype=spec.dtype, device=spec.device, progress=False, backend="hf"
+        )
+        draft = None
+        if spec.draft_model and "hf-assisted" in spec.peers:
+            draft = load_draft_model(
+                spec.draft_model, spec.dtype, decoder.target.device, progress=False, target_tokenizer=decoder.tokenizer,
+                quant=spec.draft_quant,
+            )
+        eos = eos if eos is not None else sorted(decoder.engine.eos_token_ids)
+        for name in hf:
+            peers[name] = HFPeer(name, decoder.model, eos, spec.max_new_tokens, spec.temperature, spec.seed, assistant_model=draft)
+    if llama:
+        assert spec.gguf is not None and eos is not None, "llama-cpp-python peers need the GGUF and the bench's EOS ids"
+        for name in llama:
+            peers[name] = LlamaCppPeer(
+                name, spec.gguf, eos, spec.max_new_tokens, spec.threads, spec.temperature, spec.seed, spec.llamacpp_draft_max
+            )
+    assert eos is not None, "no peer to build"
+    return eos, {name: peers[name] for name in spec.peers}
 
 
 def _serve(spec: PeerSpec, conn: Connection) -> None:
@@ -70,27 +127,7 @@ def _serve(spec: PeerSpec, conn: Connection) -> None:
     ``("ready", eos_token_ids, {name: resolved_config})``, ``("run", MethodRun)``, ``("error", text)``.
     """
     try:
-        import torch
-
-        from specgraft.api import SpecDecoder
-        from specgraft.bench.peers import HFPeer
-        from specgraft.models.loading import load_draft_model
-
-        if spec.threads is not None:
-            torch.set_num_threads(spec.threads)
-        torch.manual_seed(spec.seed)
-        decoder = SpecDecoder.from_pretrained(spec.model, method="ar", dtype=spec.dtype, device=spec.device, progress=False)
-        draft = None
-        if spec.draft_model and "hf-assisted" in spec.peers:
-            draft = load_draft_model(
-                spec.draft_model, spec.dtype, decoder.target.device, progress=False, target_tokenizer=decoder.tokenizer,
-                quant=spec.draft_quant,
-            )
-        eos = sorted(decoder.engine.eos_token_ids)
-        peers = {
-            name: HFPeer(name, decoder.model, eos, spec.max_new_tokens, spec.temperature, spec.seed, assistant_model=draft)
-            for name in spec.peers
-        }
+        eos, peers = build_peers(spec)
         conn.send(("ready", eos, {name: peer.resolved_config() for name, peer in peers.items()}))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
@@ -110,7 +147,7 @@ def _serve(spec: PeerSpec, conn: Connection) -> None:
 
 
 class PeerProcess:
-    """A child process that holds the Hugging Face peers; a context manager that closes it.
+    """A child process that holds the Hugging Face and llama-cpp-python peers; a context manager that closes it.
 
     :meth:`start` returns at once (the child loads while the bench loads its own models);
     :meth:`peers` waits for the child to be ready. Every failure of the child (an exception, a
@@ -147,13 +184,13 @@ class PeerProcess:
         except (EOFError, OSError):  # OSError: ConnectionResetError when the child was killed
             raise self._exited() from None
         if message[0] == "error":
-            raise PeerProcessError(f"the Hugging Face peers' process failed:\n{message[1]}")
+            raise PeerProcessError(f"the peers' process failed:\n{message[1]}")
         return message
 
     def _exited(self) -> PeerProcessError:
         self._process.join(5)
         return PeerProcessError(
-            f"the Hugging Face peers' process (pid {self._process.pid}) exited with code {self._process.exitcode} "
+            f"the peers' process (pid {self._process.pid}) exited with code {self._process.exitcode} "
             "(out of memory? it holds a second copy of the models; --peer-process shared runs the peers here)"
         )
 
@@ -204,7 +241,7 @@ class PeerProcess:
 
 
 class RemotePeer:
-    """One peer of a :class:`PeerProcess`, called like an in-process :class:`HFPeer`."""
+    """One peer of a :class:`PeerProcess`, called like an in-process :class:`HFPeer` or :class:`LlamaCppPeer`."""
 
     is_peer = True
 
@@ -215,7 +252,7 @@ class RemotePeer:
 
     def run(self, ids: Sequence[int], max_new_tokens: int | None = None) -> MethodRun:
         run = self.process.run(self.name, ids, max_new_tokens)
-        run.config = self.resolved_config()
+        run.config = {**run.config, **self.resolved_config()}  # the run's own fields kept (a llama.cpp peer's step counts)
         return run
 
     def resolved_config(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from typing import Iterable, Sequence
 
 from specgraft.bench.plots import write_plots
 from specgraft.bench.records import RESULTS_FILE, read_rows
-from specgraft.bench.summary import OVERALL, PHASES, Summary, common_rows, summarize
+from specgraft.bench.summary import LLAMACPP_PLAIN, OVERALL, PHASES, Summary, common_rows, summarize
 
 DEFINITIONS = """\
 - **speedup** (per task) = total `ar` time / total method time over the task's generations (each prompt and turn); **overall** = the same ratio over all generations. `vs own plain` uses the peer's own engine's plain decoding as the baseline instead of our `ar`: HF plain `generate` (`hf`) for the `hf-*` peers, plain vLLM (`vllm`, run in vLLM's own venv over the same token ids) for the `vllm-*` peers. In a bracketed run `ar` runs twice on every input, first and last (`ar-end`), and its time is the mean of the two, so a drift of the machine's speed during a prompt cancels to first order; the *baseline drift* table shows how far the two runs differed. A resumed session that adds methods to an input runs `ar` again, and each row is compared with the `ar` of its own session.
@@ -44,16 +44,29 @@ DEFINITIONS = """\
 - Each method has its own engine over the one loaded model and runs one short warm-up generation on a prompt outside the suites. What drafters learn within a generation (Token Recycling's and Graft's successor matrix, `pld`'s copy rates) starts again from the shared state (priors, `--recycling-state`, the calibration's matrix) on every input (`--learning request`, the default since the core issue), so a row does not depend on the inputs before it; runs made with `--learning shared` (and runs that predate the option) keep that state through the run, in prompt order.
 - Absolute times on a shared machine are noisy; ratios measured in one run are the meaningful figures."""
 
+LLAMACPP_DEFINITIONS = """\
+- **llama.cpp peers**: `llamacpp` is llama-cpp-python's `Llama.generate`, greedy, one row per decode: llama.cpp's own one-row plain decoding, on the same GGUF, token ids, threads and EOS ids as our methods, in the peers' process; `llamacpp-pld` adds llama-cpp-python's `LlamaPromptLookupDecoding` (which makes it keep every prompt row's logits, as its users pay); `llama-speculative` and `llama-lookup` are llama.cpp's own programs, one process per generation, given the prompt as text (our ids detokenized; `method_config.prompt.same_ids` says whether llama.cpp tokenized it back to the same ids) and timed by their own clocks (prompt processing + generation loop, model loading excluded); their text is tokenized by our tokenizer. Their steps: decodes (`n_predict - n_accept`).
+- **speedup vs llama.cpp plain** = `llamacpp` time / method time over the same generations; **exact vs llama.cpp plain**: outputs equal to `llamacpp`'s token for token (mean fraction of equal positions in brackets). On the llama.cpp backend our `ar` is llama.cpp's one-row plain decoding through specgraft's engine; in strict mode it is padded to 8 rows per forward (every method then equals it token for token), so `llamacpp` is the speed bar."""
+
 
 # -- markdown ------------------------------------------------------------------------------
 
 
 def peer_label(method: str) -> str:
     """
-    >>> peer_label("hf-pld"), peer_label("vllm-ngram")
-    ('hf-pld (HF)', 'vllm-ngram (vLLM)')
+    >>> peer_label("hf-pld"), peer_label("vllm-ngram"), peer_label("llama-lookup")
+    ('hf-pld (HF)', 'vllm-ngram (vLLM)', 'llama-lookup (llama.cpp)')
     """
-    return f"{method} (vLLM)" if method == "vllm" or method.startswith("vllm-") else f"{method} (HF)"
+    if method == "vllm" or method.startswith("vllm-"):
+        return f"{method} (vLLM)"
+    if method == LLAMACPP_PLAIN or method.startswith(("llamacpp-", "llama-")):
+        return f"{method} (llama.cpp)"
+    return f"{method} (HF)"
+
+
+def has_llamacpp_plain(summary: Summary) -> bool:
+    """Whether the ``llamacpp`` peer ran: the tables then compare every row with it."""
+    return LLAMACPP_PLAIN in summary.methods
 
 
 def _f(x: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -73,12 +86,22 @@ def task_table(summary: Summary, task: str) -> list[str]:
         "method", "MAT (bonus incl.)", "tokens/s", "speedup vs ar", "speedup vs own plain", "decode speedup vs ar",
         "exact", "equal positions", "first divergence", "exact vs own plain",
     ]
+    plain = has_llamacpp_plain(summary)
+    if plain:
+        header += ["speedup vs llama.cpp plain", "exact vs llama.cpp plain"]
     out = []
     for m in summary.methods:
         c = summary.cell(m, task)
         if c is None:
             continue
         baseline = m == "ar"  # its speedup over itself is 1 by definition: a dash, not "1.00x"
+        extra = []
+        if plain:
+            measured = c.plain_time_s is not None
+            extra = [
+                _f(None if m == LLAMACPP_PLAIN else c.speedup_plain, suffix="x"),
+                f"{c.exact_plain}/{c.generations} ({100 * c.mean_fraction_equal_plain:.1f}%)" if measured else "-",
+            ]
         out.append([
             peer_label(m) if c.peer else m,
             _f(c.mat),
@@ -90,6 +113,7 @@ def task_table(summary: Summary, task: str) -> list[str]:
             _f(100 * c.mean_fraction_equal, 1, "%"),
             "-" if c.first_divergence is None else str(c.first_divergence),
             f"{c.exact_own}/{c.generations}" if c.peer else "-",
+            *extra,
         ])
     return _table(header, out)
 
@@ -200,11 +224,52 @@ def _budgets(cfg: dict) -> str:
     return ", ".join(f"{m} {b}" for m, b in budgets.items())
 
 
+def llamacpp_line(run_info: dict) -> str | None:
+    """The report's line on the llama.cpp side of a run (None when nothing of llama.cpp ran).
+
+    >>> llamacpp_line({"config": {"resolved_backend": "llamacpp"}, "llamacpp": {"gguf": "/m/q.gguf",
+    ...     "quantization": "qwen2 1.5B Q4_K - Medium", "threads": 2, "n_ctx": 8192, "strict": False, "peer_threads": 2}})[:62]
+    '- llama.cpp: our methods run on `q.gguf` (qwen2 1.5B Q4_K - Me'
+    """
+    info = run_info.get("llamacpp")
+    cfg = run_info.get("config") or {}
+    if not info:
+        return None
+    if cfg.get("resolved_backend") != "llamacpp":
+        return f"- llama.cpp peers: {info.get('peer_threads')} threads" + (f", programs from `{info['tools']}`" if info.get("tools") else "")
+    line = f"- llama.cpp: our methods run on `{Path(info['gguf']).name}` ({info['quantization']})"
+    if info.get("draft"):
+        line += f", draft `{Path(info['draft']['gguf']).name}` ({info['draft']['quantization']})"
+    line += f", {info['threads']} threads, {info['n_ctx']} context cells; "
+    if info.get("strict"):
+        line += ("strict mode: `ar` is padded to 8 rows per forward and every method equals it token for token; "
+                 "the speed bar is `llamacpp`, llama.cpp's own one-row plain decoding")
+    else:
+        line += ("`ar` is llama.cpp's one-row plain decoding through specgraft's engine (other methods verify batches of "
+                 "rows, whose kernels can round differently: agreement is measured)")
+    if info.get("tools"):
+        line += f"; llama.cpp programs from `{info['tools']}`"
+    return line
+
+
+def llamacpp_notes(rows: Sequence) -> list[str]:
+    """Notes on the llama.cpp programs' rows: inputs whose text llama.cpp tokenized to other ids."""
+    differ = [r for r in rows if ((r.config or {}).get("method_config") or {}).get("prompt", {}).get("same_ids") is False]
+    if not differ:
+        return []
+    inputs = sorted({(r.prompt_id, r.turn) for r in differ})
+    return [
+        f"llama.cpp tokenized the text of {len(inputs)} input(s) to other ids than ours, so its programs ran on another "
+        f"tokenization there ({', '.join(f'{p} turn {t + 1}' for p, t in inputs[:5])}{', ...' if len(inputs) > 5 else ''})"
+    ]
+
+
 def render_markdown(
-    summary: Summary, run_info: dict | None = None, plots: Sequence[str] = (), common: Summary | None = None
+    summary: Summary, run_info: dict | None = None, plots: Sequence[str] = (), common: Summary | None = None,
+    extra_notes: Sequence[str] = (),
 ) -> str:
     """The report; ``common`` (a summary of :func:`common_rows`) adds an overall table over the inputs
-    every method ran, for runs whose methods cover different inputs."""
+    every method ran, for runs whose methods cover different inputs; ``extra_notes`` join the notes."""
     run_info = run_info or {}
     lines = ["# specgraft benchmark", ""]
     if run_info.get("command"):
@@ -224,7 +289,12 @@ def render_markdown(
             f"- suites: {', '.join(run_info.get('suite', {}).get('sources', []))}",
             "",
         ]
+        llama = llamacpp_line(run_info)
+        if llama:
+            lines.insert(len(lines) - 1, llama)
     lines += ["## Definitions", "", DEFINITIONS, ""]
+    if run_info.get("llamacpp") or any(peer_label(m).endswith("(llama.cpp)") for m in summary.methods):
+        lines[-1:-1] = [LLAMACPP_DEFINITIONS]
     sr = summary.ceiling.get(OVERALL)
     lines += [f"## Overall ({summary.prompts[OVERALL]} prompts; retrieval ceiling {_f(sr.value if sr else None)})", ""]
     lines += task_table(summary, OVERALL) + [""]
@@ -262,7 +332,7 @@ def render_markdown(
     lines += ["## Time breakdown (all tasks; shares of the engine's time)", ""] + time_table(summary) + [""]
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
-    notes = list(run_info.get("notes", []))
+    notes = list(run_info.get("notes", [])) + list(extra_notes)
     if len(summary.sessions) > 1:
         notes.append(f"rows come from {len(summary.sessions)} sessions (a resumed run): {', '.join(summary.sessions)}")
     if cfg.get("temperature"):
@@ -292,5 +362,5 @@ def write_report(out_dir: str | Path) -> Path:
     common = summarize(shared) if shared and len(shared) < len(rows) else None
     plots = write_plots(summary, out_dir / "plots")
     report = out_dir / "report.md"
-    report.write_text(render_markdown(summary, run_info, [str(p.relative_to(out_dir)) for p in plots], common))
+    report.write_text(render_markdown(summary, run_info, [str(p.relative_to(out_dir)) for p in plots], common, llamacpp_notes(rows)))
     return report

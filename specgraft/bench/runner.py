@@ -7,11 +7,17 @@
    around the generation call only.
 4. Append one :class:`~specgraft.bench.records.ResultRow` per (prompt, turn, method) to
    ``results.jsonl`` as soon as it is measured; ``resume=True`` skips rows already there.
-5. vLLM peers (``vllm``, ``vllm-ngram``, ``vllm-specgraft-*``), if asked for: after every input
+5. llama.cpp peers (``llamacpp``, ``llamacpp-pld``: llama-cpp-python, in the peers' process
+   like the Hugging Face ones; ``llama-speculative``, ``llama-lookup``: llama.cpp's programs, a
+   subprocess per generation) take part in every input like the Hugging Face peers, rounds
+   included; ``llamacpp`` is their baseline and exactness reference, and every row is also
+   compared with it (:mod:`specgraft.bench.summary`). With ``backend="llamacpp"`` our methods run
+   on :class:`~specgraft.models.llamacpp.LlamaCppTarget` (the target's GGUF, the draft model's GGUF).
+6. vLLM peers (``vllm``, ``vllm-ngram``, ``vllm-specgraft-*``), if asked for: after every input
    has run here, our models are released and each vLLM peer runs once over the same token ids in
    vLLM's own venv (:mod:`specgraft.bench.vllm_peers`); ``vllm`` is their baseline and exactness
    reference, as ``hf`` is for the Hugging Face peers.
-6. Write ``report.md`` and the plots (:mod:`specgraft.bench.report`).
+7. Write ``report.md`` and the plots (:mod:`specgraft.bench.report`).
 
 A second turn (MT-bench) is the chat of turn 1, ``ar``'s own answer to it, and turn 2; every
 method gets those same ids. Speedup per task = total ``ar`` time / total method time over the
@@ -45,16 +51,23 @@ from specgraft.agreement import agreement
 from specgraft.bench.contract import BenchMethod, MethodRun, SpecgraftMethod, with_max_new_tokens
 from specgraft.suites import BenchPrompt, Suite, load_suite, parse_suite_spec
 from specgraft.bench.environment import environment
+from specgraft.bench.llamacpp_peers import (
+    LLAMACPP_BASELINE, LLAMACPP_PEERS, LLAMACPP_PYTHON_PEERS, LLAMACPP_TOOL_PEERS, LlamaCppPeer, peer_threads,
+)
+from specgraft.bench.llamacpp_tools import LlamaToolPeer, default_tools_dir, find_tool
 from specgraft.bench.peer_process import PEER_PROCESSES, PeerProcess, PeerProcessError, PeerSpec, RemotePeer
 from specgraft.bench.peers import PEERS, HFPeer
 from specgraft.bench.records import AR_END, RESULTS_FILE, ResultRow, append_row, read_rows
 from specgraft.bench.repetition import self_repetition
+from specgraft.bench.summary import own_plain
 from specgraft.bench.vllm_peers import VLLM_BASELINE, VLLM_PEERS, VLLMSettings, check_vllm_python, default_vllm_python, run_vllm_peer
 from specgraft.methods import GRAFT_METHODS, LEARNING, METHODS, GraftOptions, MethodOptions, method_budget, method_names, with_sampled_drafts
 from specgraft.methods.graft import check_calibration_budget
 from specgraft.models.loading import load_draft_model
 
 RUN_FILE = "run.json"
+#: The peers that are their engines' plain decoding: the other peers' ``vs own plain`` baselines.
+PLAIN_PEERS = ("hf", LLAMACPP_BASELINE)
 WARMUP_PROMPT = "Say hello in one short sentence."
 
 
@@ -71,10 +84,14 @@ class BenchConfig:
     out: str
     """Output directory: results.jsonl, run.json, report.md, plots/."""
     methods: tuple[str, ...] = ("ar", "pld", "recycling")
-    """Registry methods and peers (``hf``, ``hf-pld``, ``hf-assisted``); a comma string is split;
-    ``"all"`` = every registry method and every peer (those that need a draft model, such as
-    ``draft-tree``, the Graft variants and ``hf-assisted``, only when one is given).
-    ``ar`` always runs (it is the baseline), and ``hf`` whenever a peer runs (the peers' baseline)."""
+    """Registry methods and peers (``hf``, ``hf-pld``, ``hf-assisted``; ``llamacpp``,
+    ``llamacpp-pld``, ``llama-speculative``, ``llama-lookup``); a comma string is split;
+    ``"all"`` = every registry method and every Hugging Face peer (those that need a draft model, such as
+    ``draft-tree``, the Graft variants and ``hf-assisted``, only when one is given); on the
+    llama.cpp backend every registry method that runs there and the llama.cpp peers (the
+    programs only with ``llamacpp_tools``).
+    ``ar`` always runs (it is the baseline), ``hf`` whenever a Hugging Face peer runs and
+    ``llamacpp`` whenever a llama.cpp peer runs (the peers' baselines)."""
     suite: str = "spec-bench"
     """Comma list of ``spec-bench``, ``humaneval``, ``mt-bench``, ``eagle``, ``code-edit`` or JSONL paths, each
     optionally ``:N`` for its own prompts per task, e.g. ``spec-bench:3,humaneval:6``."""
@@ -162,8 +179,24 @@ class BenchConfig:
     ``/work/.venv-vllm/bin/python`` (the resolved one is recorded in the rows)."""
     vllm_spec_tokens: int = 5
     """``num_speculative_tokens`` of every speculative vLLM peer."""
+    backend: str = "auto"
+    """Of our methods' target and draft model (:mod:`specgraft.models.backends`): ``hf``
+    (transformers on torch), ``llamacpp`` (their GGUFs through llama.cpp, ``threads`` reaching
+    llama.cpp; ``dtype`` must stay ``auto``), or ``auto`` (``llamacpp`` for a ``.gguf`` file,
+    else ``hf``; the resolved one is recorded: ``resolved_backend``)."""
+    strict: bool = False
+    """The llama.cpp backend's strict mode (``LlamaCppTarget``): every forward padded so every
+    method equals this backend's own ``ar`` token for token; ``ar`` is then a padded plain
+    decoding, and the speed bar is the ``llamacpp`` peer."""
+    llamacpp_tools: str | None = None
+    """Folder holding llama.cpp's ``llama-speculative`` and ``llama-lookup``; None =
+    ``$SPECGRAFT_LLAMACPP_TOOLS`` (the resolved one is recorded: ``resolved_llamacpp_tools``)."""
+    llamacpp_draft_max: int | None = None
+    """Draft tokens per step of ``llama-speculative`` and ``llama-lookup``
+    (``--spec-draft-n-max``) and ``llamacpp-pld``'s ``num_pred_tokens``; None = their own
+    defaults (3, 3 and 10)."""
     peer_process: str = "separate"
-    """Where the Hugging Face peers run: ``separate``, a child process that loads its own copy of
+    """Where the Hugging Face and llama-cpp-python peers run: ``separate``, a child process that loads its own copy of
     the models (what a peer's ``generate`` leaves in a process slowed our methods there, see
     :mod:`specgraft.bench.peer_process`; costs a second copy of the models in memory); ``shared``,
     this process, on our model objects."""
@@ -174,27 +207,42 @@ class BenchConfig:
 
         methods = self.methods.split(",") if isinstance(self.methods, str) else list(self.methods)
         methods = [m.strip() for m in methods if m.strip()]
-        if methods == ["all"]:
-            ours = [m for m in method_names() if self.draft_model or not METHODS[m].needs_draft_model]
-            methods = [*ours, *(p for p in PEERS if p != "hf-assisted" or self.draft_model)]
-        object.__setattr__(self, "methods", tuple(methods))
-        object.__setattr__(self, "datastores", tuple(str(p) for p in self.datastores))
         if not self.model:
             raise ValueError("no model given")
+        backend = self.resolved_backend  # an unknown backend is an error
+        if methods == ["all"]:
+            ours = [m for m in method_names() if self.draft_model or not METHODS[m].needs_draft_model]
+            if backend == "llamacpp":
+                ours = [m for m in ours if not METHODS[m].needs_hidden_states]
+                peers = [*LLAMACPP_PYTHON_PEERS, *(LLAMACPP_TOOL_PEERS if self.resolved_llamacpp_tools else ())]
+                methods = [*ours, *(p for p in peers if p != "llama-speculative" or self.draft_model)]
+            else:
+                methods = [*ours, *(p for p in PEERS if p != "hf-assisted" or self.draft_model)]
+        object.__setattr__(self, "methods", tuple(methods))
+        object.__setattr__(self, "datastores", tuple(str(p) for p in self.datastores))
         if not self.out:
             raise ValueError("no output directory given")
-        known = list(method_names()) + list(PEERS) + list(VLLM_PEERS)
+        known = list(method_names()) + list(PEERS) + list(LLAMACPP_PEERS) + list(VLLM_PEERS)
         for m in methods:
-            if m not in METHODS and m not in PEERS and m not in VLLM_PEERS:
+            if m not in METHODS and m not in PEERS and m not in LLAMACPP_PEERS and m not in VLLM_PEERS:
                 raise ValueError(f"unknown method {m!r}; choose from {', '.join(known)}")
         if len(set(methods)) != len(methods):
             raise ValueError(f"a method is listed twice in {','.join(methods)}")
         if "hf-assisted" in methods and not self.draft_model:
             raise ValueError("method hf-assisted needs --draft-model")
+        if "llama-speculative" in methods and not self.draft_model:
+            raise ValueError("method llama-speculative needs --draft-model (its GGUF is -md)")
+        self._check_backend(methods)
+        for m in methods:
+            if m in LLAMACPP_TOOL_PEERS:
+                find_tool(m, self.resolved_llamacpp_tools)  # missing: one line saying how to build it
+        if self.llamacpp_draft_max is not None and (not isinstance(self.llamacpp_draft_max, int) or self.llamacpp_draft_max < 1):
+            raise ValueError(f"llamacpp_draft_max must be an integer >= 1, got {self.llamacpp_draft_max!r}")
         options = self.method_options()
         for m in methods:
             if m in METHODS:
                 METHODS[m].check(options)  # e.g. draft-tree without --draft-model, a missing calibration
+                METHODS[m].check_backend(self.resolved_backend)  # AdaPLD on llama.cpp
         for spec in self.suite.split(","):
             parse_suite_spec(spec)
         if self.per_task is not None and self.per_task < 1:
@@ -212,8 +260,9 @@ class BenchConfig:
         if self.warmup_tokens < 1:
             raise ValueError(f"warmup_tokens must be >= 1, got {self.warmup_tokens}")
         SamplingConfig(temperature=self.temperature, seed=self.seed)
-        parse_dtype(self.dtype, self.resolved_device)
-        self.resolved_draft_quant  # int8 off the CPU is an error
+        if backend == "hf":
+            parse_dtype(self.dtype, self.resolved_device)
+            self.resolved_draft_quant  # int8 off the CPU is an error
         if self.peer_process not in PEER_PROCESSES:
             raise ValueError(f"peer_process must be one of {', '.join(PEER_PROCESSES)}, got {self.peer_process!r}")
         if self.learning not in LEARNING:
@@ -222,15 +271,60 @@ class BenchConfig:
             if method in GRAFT_METHODS:
                 check_calibration_budget(method, self.method_options().graft, budget)
 
+    def _check_backend(self, methods: Sequence[str]) -> None:
+        """What the llama.cpp backend refuses, each in one line (the hf backend: ``strict``)."""
+        from specgraft.models.backends import is_gguf_file
+
+        if self.resolved_backend == "hf":
+            if self.strict:
+                raise ValueError("strict mode is the llama.cpp backend's (the hf backend in float32 is exact as it is); add --backend llamacpp")
+        else:
+            if self.dtype != "auto":
+                raise ValueError(f"--dtype {self.dtype}: the llama.cpp backend computes in the GGUF's own quantization; drop --dtype")
+            if self.device not in ("auto", "cpu"):
+                raise ValueError(f"--device {self.device}: the llama.cpp backend runs on the CPU here")
+            if self.draft_quant != "auto" and "hf-assisted" not in methods:
+                raise ValueError(
+                    f"--draft-quant {self.draft_quant}: on the llama.cpp backend the draft model computes in its GGUF's own "
+                    "quantization (--draft-quant is for hf-assisted's draft); drop --draft-quant"
+                )
+        if self.resolved_backend == "llamacpp" and self.peer_process == "shared" and any(m in PEERS for m in methods):
+            raise ValueError(
+                "on the llama.cpp backend the Hugging Face peers run in a process of their own, which loads the model in torch; "
+                "drop --peer-process shared"
+            )
+        if is_gguf_file(self.model) and any(m in PEERS for m in methods):
+            raise ValueError(f"the Hugging Face peers load a Hugging Face model; {self.model!r} is a GGUF file (use its catalog name or folder)")
+
+    @property
+    def resolved_backend(self) -> str:
+        """``backend`` with ``auto`` resolved for the model, e.g. ``"llamacpp"`` for a .gguf file."""
+        from specgraft.models.backends import resolve_backend
+
+        return resolve_backend(self.backend, self.model)
+
+    @property
+    def resolved_llamacpp_tools(self) -> str | None:
+        """``llamacpp_tools``, else ``$SPECGRAFT_LLAMACPP_TOOLS``, else None."""
+        return self.llamacpp_tools or default_tools_dir()
+
     @property
     def run_methods(self) -> tuple[str, ...]:
-        """Run order per prompt: ``ar``, our other methods, ``hf`` and the other peers, then
-        ``ar-end`` (``ar`` again) when bracketing."""
+        """Run order per prompt: ``ar``, our other methods, ``hf`` and the other Hugging Face
+        peers, ``llamacpp`` and the other llama.cpp peers, then ``ar-end`` (``ar`` again) when
+        bracketing.
+
+        >>> BenchConfig(model="m", out="o", methods="pld,llamacpp-pld,hf").run_methods
+        ('ar', 'pld', 'hf', 'llamacpp', 'llamacpp-pld', 'ar-end')
+        """
         ours = [m for m in self.methods if m in METHODS and m != "ar"]
         peers = [m for m in self.methods if m in PEERS and m != "hf"]
         if peers or "hf" in self.methods:
             peers = ["hf", *peers]
-        return ("ar", *ours, *peers, *((AR_END,) if self.bracket else ()))
+        llama = [m for m in self.methods if m in LLAMACPP_PEERS and m != LLAMACPP_BASELINE]
+        if llama or LLAMACPP_BASELINE in self.methods:
+            llama = [LLAMACPP_BASELINE, *llama]
+        return ("ar", *ours, *peers, *llama, *((AR_END,) if self.bracket else ()))
 
     @property
     def vllm_methods(self) -> tuple[str, ...]:
@@ -248,9 +342,12 @@ class BenchConfig:
 
     @property
     def resolved_device(self) -> str:
-        """``device`` with ``auto`` resolved on this machine, e.g. ``"cpu"``."""
+        """``device`` with ``auto`` resolved on this machine, e.g. ``"cpu"`` (always on the
+        llama.cpp backend, and for the Hugging Face peers beside it)."""
         from specgraft.models.hf import resolve_device
 
+        if self.resolved_backend == "llamacpp":
+            return "cpu"
         return str(resolve_device(self.device))
 
     @property
@@ -259,22 +356,41 @@ class BenchConfig:
         return tuple(m for m in self.run_methods if m in PEERS)
 
     @property
+    def llamacpp_peers(self) -> tuple[str, ...]:
+        """The llama.cpp peers that run, in run order (``llamacpp`` first whenever one runs)."""
+        return tuple(m for m in self.run_methods if m in LLAMACPP_PEERS)
+
+    @property
+    def process_peers(self) -> tuple[str, ...]:
+        """The peers ``peer_process`` places: the Hugging Face and llama-cpp-python ones."""
+        return tuple(m for m in self.run_methods if m in PEERS or m in LLAMACPP_PYTHON_PEERS)
+
+    @property
     def resolved_peer_process(self) -> str | None:
-        """``peer_process`` when a Hugging Face peer runs, else None (it then changes nothing)."""
-        return self.peer_process if self.hf_peers else None
+        """``peer_process`` when a Hugging Face or llama-cpp-python peer runs, else None (it then
+        changes nothing)."""
+        return self.peer_process if self.process_peers else None
 
     @property
     def resolved_draft_quant(self) -> str | None:
-        """``draft_quant`` with ``auto`` resolved for the device (None without a draft model)."""
+        """``draft_quant`` with ``auto`` resolved for the device (None without a draft model);
+        ``gguf`` on the llama.cpp backend unless ``hf-assisted`` loads a draft model in torch."""
         from specgraft.models.quant import resolve_draft_quant
 
-        return resolve_draft_quant(self.draft_quant, self.resolved_device) if self.draft_model else None
+        if not self.draft_model:
+            return None
+        if self.resolved_backend == "llamacpp" and "hf-assisted" not in self.methods:
+            return "gguf"
+        return resolve_draft_quant(self.draft_quant, self.resolved_device)
 
     @property
     def resolved_dtype(self) -> str:
-        """``dtype`` with ``auto`` resolved on this machine and device, e.g. ``"float32"``."""
+        """``dtype`` with ``auto`` resolved on this machine and device, e.g. ``"float32"``;
+        ``gguf`` on the llama.cpp backend (the GGUF's own quantization computes; the report names it)."""
         from specgraft.models.hf import parse_dtype
 
+        if self.resolved_backend == "llamacpp":
+            return "gguf"
         return str(parse_dtype(self.dtype, self.resolved_device)).replace("torch.", "")
 
     @property
@@ -310,7 +426,7 @@ class BenchConfig:
         keep = ("model", "draft_model", "resolved_draft_quant", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
                 "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape",
                 "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min", "draft_row_cost", "draft_copy_ahead", "resolved_peer_process",
-                "rounds")
+                "rounds", "resolved_backend", "strict", "llamacpp_draft_max")
         out = {k: getattr(self, k) for k in keep}
         out["datastores"] = list(self.datastores)  # as run.json stores it
         return out
@@ -377,6 +493,14 @@ class BenchConfig:
             parts += ["--vllm-spec-tokens", str(self.vllm_spec_tokens)]
         if self.peer_process != "separate":
             parts += ["--peer-process", self.peer_process]
+        if self.backend != "auto":
+            parts += ["--backend", self.backend]
+        if self.strict:
+            parts += ["--strict"]
+        if self.llamacpp_tools:
+            parts += ["--llamacpp-tools", self.llamacpp_tools]
+        if self.llamacpp_draft_max is not None:
+            parts += ["--llamacpp-draft-max", str(self.llamacpp_draft_max)]
         parts += ["--out", self.out]
         return " ".join(shlex.quote(p) for p in parts)
 
@@ -442,23 +566,32 @@ def plain_answers(out_dir: str | Path, tokenizer) -> list[tuple[dict[str, Any], 
 @dataclass
 class LoadedModels:
     decoder: Any  # SpecDecoder with method "ar"
-    draft: Any | None  # PreTrainedModel
+    draft: Any | None  # PreTrainedModel (hf backend) or LlamaCppTarget (llamacpp backend)
 
 
 def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
     """Load the target once, and the draft model once (same loader, dtype and CPU kernels as the
     target; its tokenizer must have the target's vocabulary) when one of our methods needs it or
-    ``hf-assisted`` runs in this process."""
+    ``hf-assisted`` runs in this process. On the llama.cpp backend both are GGUFs in llama.cpp
+    (same threads; the draft never strict: its numbers never reach the output), and the Hugging
+    Face peers, if any, run in the peers' process (``BenchConfig`` refuses them here)."""
     from specgraft.api import SpecDecoder
 
+    ours_need_draft = any(METHODS[m].needs_draft_model for m in cfg.run_methods if m in METHODS)
+    hf_assisted_here = cfg.resolved_peer_process == "shared" and "hf-assisted" in cfg.run_methods
+    if cfg.resolved_backend == "llamacpp":
+        decoder = SpecDecoder.from_pretrained(
+            cfg.model, method="ar", options=options, progress=cfg.progress, backend="llamacpp", threads=cfg.threads,
+            strict=cfg.strict,
+        )
+        return LoadedModels(decoder, load_gguf_draft(cfg, decoder.target) if cfg.draft_model and ours_need_draft else None)
     decoder = SpecDecoder.from_pretrained(
         cfg.model, method="ar", dtype=cfg.dtype, device=cfg.resolved_device, options=options, progress=cfg.progress
     )
     if decoder.tokenizer is None:
         raise ValueError(f"model {cfg.model!r} has no tokenizer; the benchmark needs one")
     draft = None
-    ours_need_draft = any(METHODS[m].needs_draft_model for m in cfg.run_methods if m in METHODS)
-    if cfg.draft_model and (ours_need_draft or (cfg.resolved_peer_process == "shared" and "hf-assisted" in cfg.run_methods)):
+    if cfg.draft_model and (ours_need_draft or hf_assisted_here):
         draft = load_draft_model(
             cfg.draft_model, cfg.dtype, decoder.target.device, progress=cfg.progress, target_tokenizer=decoder.tokenizer,
             quant=cfg.draft_quant,
@@ -466,13 +599,30 @@ def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
     return LoadedModels(decoder, draft)
 
 
+def load_gguf_draft(cfg: BenchConfig, target: Any) -> Any:
+    """The draft model's GGUF in llama.cpp, as ``SpecDecoder.from_pretrained`` loads it for a
+    draft-model method on the llama.cpp backend."""
+    from specgraft.models.backends import gguf_path
+    from specgraft.models.llamacpp import LlamaCppTarget
+
+    assert cfg.draft_model is not None
+    draft = LlamaCppTarget(gguf_path(cfg.draft_model, progress=cfg.progress), threads=cfg.threads, name=str(cfg.draft_model))
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"draft model {cfg.draft_model!r} has a vocabulary of {draft.vocab_size} tokens, the target's "
+            f"{target.vocab_size}; it must use the target's tokenizer"
+        )
+    return draft
+
+
 def build_methods(
     cfg: BenchConfig, models: LoadedModels, options: MethodOptions, peer_process: PeerProcess | None = None
 ) -> dict[str, BenchMethod]:
     """One :class:`BenchMethod` per name in ``cfg.run_methods``, all over the one loaded target;
-    our draft-model methods share the one loaded draft model. The Hugging Face peers run in
-    ``peer_process`` when one is given (on its own models), else here on ours (``hf-assisted``
-    then shares our draft model)."""
+    our draft-model methods share the one loaded draft model. The Hugging Face and
+    llama-cpp-python peers run in ``peer_process`` when one is given (on its own models), else
+    here (the Hugging Face ones on our models, ``hf-assisted`` then sharing our draft model; the
+    llama-cpp-python ones on their own ``Llama``); llama.cpp's programs run as subprocesses."""
     config = models.decoder.make_config(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed, budget=cfg.budget
     )
@@ -487,6 +637,16 @@ def build_methods(
     for name in cfg.run_methods:
         if name in remote:
             out[name] = remote[name]
+        elif name in LLAMACPP_PYTHON_PEERS:
+            out[name] = LlamaCppPeer(
+                name, target_gguf(cfg), eos, cfg.max_new_tokens, cfg.threads, cfg.temperature, cfg.seed, cfg.llamacpp_draft_max
+            )
+        elif name in LLAMACPP_TOOL_PEERS:
+            draft_gguf = gguf_of(cfg.draft_model, cfg.progress) if name == "llama-speculative" else None
+            out[name] = LlamaToolPeer(
+                name, find_tool(name, cfg.resolved_llamacpp_tools), target_gguf(cfg), draft_gguf, models.decoder.tokenizer, eos,
+                cfg.max_new_tokens, cfg.threads, cfg.temperature, cfg.seed, cfg.llamacpp_draft_max,
+            )
         elif name in PEERS:
             out[name] = HFPeer(
                 name, models.decoder.model, eos, cfg.max_new_tokens, cfg.temperature, cfg.seed, assistant_model=models.draft
@@ -499,12 +659,26 @@ def build_methods(
     return out
 
 
+def gguf_of(model: str | None, progress: bool = True) -> str:
+    """The GGUF file of a model argument (a catalog name's pulled GGUF, a .gguf path...)."""
+    from specgraft.models.backends import gguf_path
+
+    assert model is not None
+    return str(gguf_path(model, progress=progress))
+
+
+def target_gguf(cfg: BenchConfig) -> str:
+    """The target's GGUF: the file our llama.cpp backend reads, and every llama.cpp peer."""
+    return gguf_of(cfg.model, cfg.progress)
+
+
 def warm_up(methods: dict[str, BenchMethod], ids: list[int], tokens: int) -> None:
-    """One short generation per method so no method pays for first-call allocations."""
+    """One short generation per method so no method pays for first-call allocations (a
+    llama.cpp program's run also brings its GGUF into the page cache)."""
     for name, m in methods.items():
         if name == AR_END:
             continue  # the same engine kind as ar, already warm
-        if isinstance(m, (HFPeer, RemotePeer)):
+        if m.is_peer:
             m.run(ids, max_new_tokens=tokens)
         else:
             assert isinstance(m, SpecgraftMethod)
@@ -557,6 +731,7 @@ _RECORDED_SINCE = {
     "draft_stop_min": None, "draft_row_cost": None, "draft_copy_ahead": None, "rounds": 1,
     # before peer_process, the peers ran in the bench's own process
     "resolved_peer_process": lambda before: "shared" if any(m in PEERS for m in before.get("run_methods", ())) else None,
+    "resolved_backend": "hf", "strict": False, "llamacpp_draft_max": None,
 }
 
 
@@ -586,7 +761,8 @@ def make_row(
     gen: Generation, name: str, method: BenchMethod, run: MethodRun, ar_tokens: list[int], hf_tokens: list[int] | None, session: Session,
     rounds: Sequence[MethodRun] = (),
 ) -> ResultRow:
-    """The JSONL row of one measured generation; ``ar_tokens`` / ``hf_tokens`` are the references.
+    """The JSONL row of one measured generation; ``ar_tokens`` / ``hf_tokens`` are the references
+    (``hf_tokens``: the peer's own engine's plain output, ``hf`` or ``llamacpp``).
     With ``rounds`` (every round's run of the input, ``run`` the first), the row's time and phase
     times are the rounds' means (``BenchConfig.rounds``)."""
     if len(rounds) > 1:
@@ -610,6 +786,14 @@ def make_row(
         row.accepted_by_source = d["accepted_by_source"]
         phases = [d["time_s"]] + [r.stats.to_dict()["time_s"] for r in rounds[1:]]
         row.time_breakdown_s = {k: round(sum(p[k] for p in phases) / len(phases), 6) for k in phases[0]} if len(phases) > 1 else phases[0]
+    counts = run.config.get("step_counts")
+    if counts is not None and run.stats is None:
+        # a peer that counts its steps (llama.cpp's); each step emits its accepted drafts + 1
+        row.steps = counts["steps"]
+        row.mat = round(row.new_tokens / row.steps, 4) if row.steps else None
+        if counts["proposed"]:
+            row.proposed_by_source = {name: counts["proposed"]}
+            row.accepted_by_source = {name: counts["accepted"]}
     if len(rounds) > 1:
         row.round_times_s = [round(r.time_s, 6) for r in rounds]
     if method.is_peer and hf_tokens is not None:
@@ -638,7 +822,25 @@ def _open_results(cfg: BenchConfig) -> tuple[Path, dict[tuple[str, int, str], Re
     return results, stored
 
 
-def _write_run_info(cfg: BenchConfig, suite: Suite, session: Session, notes: list[str]) -> dict[str, Any]:
+def llamacpp_info(cfg: BenchConfig, models: LoadedModels) -> dict[str, Any] | None:
+    """What run.json records of the llama.cpp side: our target's GGUF, its quantization, threads,
+    context and strict mode (and the draft model's), the programs' folder; None when nothing of
+    llama.cpp runs."""
+    if cfg.resolved_backend != "llamacpp" and not cfg.llamacpp_peers:
+        return None
+    out: dict[str, Any] = {"tools": cfg.resolved_llamacpp_tools, "peer_threads": peer_threads(cfg.threads)}
+    if cfg.resolved_backend == "llamacpp":
+        target = models.decoder.target
+        out |= {"gguf": str(target.path), "quantization": target.quantization, "threads": target.threads, "n_ctx": target.n_ctx,
+                "strict": target.strict}
+        if models.draft is not None:
+            out["draft"] = {"gguf": str(models.draft.path), "quantization": models.draft.quantization}
+    return out
+
+
+def _write_run_info(
+    cfg: BenchConfig, suite: Suite, session: Session, notes: list[str], llamacpp: dict[str, Any] | None = None
+) -> dict[str, Any]:
     run_file = Path(cfg.out) / RUN_FILE
     before = json.loads(run_file.read_text()) if run_file.exists() else {}
     # budgets of methods only earlier sessions ran stay on record for the next resume check
@@ -649,7 +851,8 @@ def _write_run_info(cfg: BenchConfig, suite: Suite, session: Session, notes: lis
         "config": {
             **cfg.to_dict(), "run_methods": list(cfg.run_methods), "resolved_dtype": cfg.resolved_dtype,
             "resolved_draft_quant": cfg.resolved_draft_quant, "resolved_device": cfg.resolved_device, "budgets": budgets,
-            "resolved_peer_process": peer_process,
+            "resolved_peer_process": peer_process, "resolved_backend": cfg.resolved_backend,
+            "resolved_llamacpp_tools": cfg.resolved_llamacpp_tools,
         },
         "command": cfg.to_command(),
         "environment": session.environment,
@@ -657,6 +860,8 @@ def _write_run_info(cfg: BenchConfig, suite: Suite, session: Session, notes: lis
         "notes": notes,
         "sessions": [*before.get("sessions", []), session.id],
     }
+    if llamacpp is not None:
+        info["llamacpp"] = llamacpp
     run_file.write_text(json.dumps(info, indent=2))
     return info
 
@@ -701,8 +906,8 @@ def to_measure(run_methods: Sequence[str], stored: dict[tuple[str, int, str], Re
     Methods with a stored row are skipped, except the baselines: a method's speedup must come from
     an ``ar`` (and ``ar-end``) measured in the same process, so when a resumed session adds
     methods to an input whose baseline an earlier session measured, ``ar`` and ``ar-end`` run
-    again; likewise ``hf`` when a peer is added. The report pairs every row with the baselines of
-    its own session.
+    again; likewise ``hf`` when a Hugging Face peer is added and ``llamacpp`` when a llama.cpp
+    peer is. The report pairs every row with the baselines of its own session.
 
     >>> from types import SimpleNamespace as R
     >>> stored = {("p", 0, m): R() for m in ("ar", "pld", "ar-end")}
@@ -715,11 +920,15 @@ def to_measure(run_methods: Sequence[str], stored: dict[tuple[str, int, str], Re
     >>> stored |= {("p", 0, m): R() for m in ("hf", "hf-pld")}
     >>> to_measure(("ar", "pld", "hf", "hf-pld", "hf-assisted", "ar-end"), stored, "p", 0)
     ['ar', 'hf', 'hf-assisted', 'ar-end']
+    >>> stored |= {("p", 0, "llamacpp"): R()}
+    >>> to_measure(("ar", "pld", "llamacpp", "llama-lookup", "ar-end"), stored, "p", 0)
+    ['ar', 'llamacpp', 'llama-lookup', 'ar-end']
     """
     missing = [m for m in run_methods if (prompt_id, turn, m) not in stored]
     baselines = {"ar", AR_END}
-    if any(m in PEERS and m != "hf" for m in missing):
-        baselines.add("hf")
+    for m in missing:
+        if (m in PEERS or m in LLAMACPP_PEERS) and m not in PLAIN_PEERS:
+            baselines.add(own_plain(m))
     if all(m in baselines for m in missing):
         return missing
     return [m for m in run_methods if m in missing or m in baselines]
@@ -767,7 +976,8 @@ def run_suite(
                 gen = Generation(prompt, turn, conversation_ids(tokenizer, prompt.turns[: turn + 1], answers, chat), chat)
                 generations.append(gen)
                 ar_row: ResultRow | None = None
-                hf_tokens: list[int] | None = None
+                # each engine's plain output (hf, llamacpp): its peers' exactness reference
+                plain_tokens: dict[str, list[int]] = {}
                 measure = to_measure(cfg.run_methods, stored, prompt.id, turn)
                 runs: dict[str, list[MethodRun]] = {}
                 for rnd in range(cfg.rounds if measure else 1):
@@ -789,10 +999,8 @@ def run_suite(
                                     raise RuntimeError(f"{name} produced other tokens in another round on {prompt.id} turn {turn + 1}")
                             reference = first_run.tokens if name == "ar" else ar_row.tokens if ar_row else None
                             assert reference is not None, "ar runs first"
-                            row = make_row(
-                                gen, name, methods[name], first_run, reference, first_run.tokens if name == "hf" else hf_tokens, session,
-                                rounds=runs[name],
-                            )
+                            own = first_run.tokens if name in PLAIN_PEERS else plain_tokens.get(own_plain(name))
+                            row = make_row(gen, name, methods[name], first_run, reference, own, session, rounds=runs[name])
                             append_row(results, row)
                             stored.setdefault(row.key, row)
                             if cfg.progress:
@@ -802,8 +1010,8 @@ def run_suite(
                             continue  # measured, its rounds not finished yet
                         if name == "ar":
                             ar_row = row
-                        elif name == "hf":
-                            hf_tokens = row.tokens
+                        elif name in PLAIN_PEERS:
+                            plain_tokens[name] = row.tokens
                 # stored keeps the first ar row: the next turn is conditioned on the answer that the
                 # session which first measured this input saw
                 answers.append(decoder.decode(stored[(prompt.id, turn, "ar")].tokens))
@@ -909,39 +1117,52 @@ def run_benchmark(cfg: BenchConfig, console: Console | None = None) -> Path:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     options = cfg.method_options()
-    peer_process = start_peer_process(cfg, console)
+    # Hugging Face peers alone load while we load; llama-cpp-python peers stop at our EOS ids, known once we have loaded
+    peers_early = not any(m in LLAMACPP_PYTHON_PEERS for m in cfg.process_peers) and cfg.resolved_backend == "hf"
+    processes: list[PeerProcess] = []
+    if peers_early:
+        processes += [p for p in [start_peer_process(cfg, console)] if p is not None]
     try:
-        return _run_loaded(cfg, options, suite, results, stored, peer_process, console)
+        return _run_loaded(cfg, options, suite, results, stored, processes, console)
     finally:
-        if peer_process is not None:
-            peer_process.close()
+        for process in processes:
+            process.close()
 
 
-def start_peer_process(cfg: BenchConfig, console: Console) -> PeerProcess | None:
-    """The child process of the Hugging Face peers (``peer_process="separate"``), started so that
-    it loads while the bench loads its own models; None when the peers run here or none runs."""
+def start_peer_process(cfg: BenchConfig, console: Console, eos: Sequence[int] | None = None) -> PeerProcess | None:
+    """The child process of the Hugging Face and llama-cpp-python peers (``peer_process="separate"``),
+    started so that it loads while the bench loads its own models (with ``eos``, the bench's EOS
+    ids, once it has); None when the peers run here or none runs."""
     if cfg.resolved_peer_process != "separate":
         return None
+    llama = any(m in LLAMACPP_PYTHON_PEERS for m in cfg.process_peers)
     spec = PeerSpec(
         model=cfg.model, dtype=cfg.dtype, device=cfg.resolved_device, threads=cfg.threads, draft_model=cfg.draft_model,
-        draft_quant=cfg.draft_quant, peers=cfg.hf_peers, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-        seed=cfg.seed,
+        draft_quant=cfg.draft_quant, peers=cfg.process_peers, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+        seed=cfg.seed, gguf=target_gguf(cfg) if llama else None, eos_token_ids=tuple(eos) if eos is not None else None,
+        llamacpp_draft_max=cfg.llamacpp_draft_max,
     )
     process = PeerProcess(spec).start()
     if cfg.progress:
-        console.print(f"Hugging Face peers ({', '.join(cfg.hf_peers)}): loading their own models in process {process.pid}")
+        console.print(f"peers ({', '.join(cfg.process_peers)}): loading their own models in process {process.pid}")
     return process
 
 
 def _run_loaded(
     cfg: BenchConfig, options: MethodOptions, suite: Suite, results: Path, stored: dict[tuple[str, int, str], ResultRow],
-    peer_process: PeerProcess | None, console: Console,
+    processes: list[PeerProcess], console: Console,
 ) -> Path:
+    """The run once the peers' process (if it loads beside us: ``processes``) has started; a
+    process started here is added to ``processes`` (the caller closes them)."""
     from specgraft.bench.report import write_report
 
     models = load_models(cfg, options)
+    if not processes:
+        processes += [p for p in [start_peer_process(cfg, console, sorted(models.decoder.engine.eos_token_ids))] if p is not None]
+    peer_process = processes[0] if processes else None
     methods = build_methods(cfg, models, options, peer_process)
-    session = Session(_session_id(), cfg, environment(cfg.resolved_dtype), models.decoder)
+    packages = ("llama_cpp_python",) if cfg.resolved_backend == "llamacpp" or cfg.llamacpp_peers else ()
+    session = Session(_session_id(), cfg, environment(cfg.resolved_dtype, packages), models.decoder)
     if cfg.datastores:
         from specgraft.retrieval import load_datastores
 
@@ -953,7 +1174,7 @@ def _run_loaded(
         notes.append(f"{cfg.model} has no chat template: every prompt is given as raw text")
     for note in notes:
         console.print(f"[yellow]notice:[/yellow] {note}")
-    info = _write_run_info(cfg, suite, session, notes)
+    info = _write_run_info(cfg, suite, session, notes, llamacpp_info(cfg, models))
     if cfg.progress:
         console.print(f"[bold]specgraft bench[/bold] {info['command']}")
         console.print_json(json.dumps({"config": info["config"], "environment": session.environment}))

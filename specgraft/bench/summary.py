@@ -9,10 +9,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from specgraft.agreement import agreement
 from specgraft.bench.records import AR_END, ResultRow
 from specgraft.bench.repetition import SelfRepetition
 
 OVERALL = "overall"
+#: llama.cpp's own plain decoding (the ``llamacpp`` peer): every row of a run where it ran is
+#: also compared with it, in time and in tokens.
+LLAMACPP_PLAIN = "llamacpp"
 PHASES = ("prefill", "draft", "forward", "verify", "commit", "observe")
 
 
@@ -38,6 +42,11 @@ class Cell:
     """Peers: outputs equal to their own engine's plain output (``agreement_hf``)."""
     fraction_equal_sum: float = 0.0
     first_divergence: int | None = None
+    plain_time_s: float | None = None
+    """``llamacpp``'s time over the same generations, when it ran on all of them."""
+    exact_plain: int = 0
+    """Outputs equal to ``llamacpp``'s (llama.cpp's one-row plain decoding) on the same input."""
+    fraction_equal_plain_sum: float = 0.0
     tokens_per_step: Counter = field(default_factory=Counter)
     proposed_by_source: Counter = field(default_factory=Counter)
     accepted_by_source: Counter = field(default_factory=Counter)
@@ -60,6 +69,15 @@ class Cell:
         return self.hf_time_s / self.time_s if self.time_s > 0 and self.hf_time_s else None
 
     @property
+    def speedup_plain(self) -> float | None:
+        """``llamacpp`` time / this method's time over the same generations."""
+        return self.plain_time_s / self.time_s if self.time_s > 0 and self.plain_time_s else None
+
+    @property
+    def mean_fraction_equal_plain(self) -> float:
+        return self.fraction_equal_plain_sum / self.generations if self.generations else 0.0
+
+    @property
     def decode_speedup(self) -> float | None:
         """Speedup with both prefills taken out: (ar time - ar prefill) / (time - prefill)."""
         if self.prefill_s is None:
@@ -71,10 +89,21 @@ class Cell:
     def mean_fraction_equal(self) -> float:
         return self.fraction_equal_sum / self.generations if self.generations else 0.0
 
-    def add(self, row: ResultRow, ar: ResultRow | None, hf: ResultRow | None, ar_end: ResultRow | None = None) -> None:
-        """Pool ``row``; its baseline is ``ar`` (the mean of ``ar`` and ``ar_end`` when bracketed)."""
+    def add(
+        self, row: ResultRow, ar: ResultRow | None, hf: ResultRow | None, ar_end: ResultRow | None = None,
+        plain: ResultRow | None = None,
+    ) -> None:
+        """Pool ``row``; its baseline is ``ar`` (the mean of ``ar`` and ``ar_end`` when bracketed);
+        ``plain``: the ``llamacpp`` row of the same input, when that peer ran."""
         assert ar is not None, f"no ar row for prompt {row.prompt_id!r} turn {row.turn}"
         bases = [ar] if ar_end is None else [ar, ar_end]
+        if plain is None or (self.generations and self.plain_time_s is None):
+            self.plain_time_s = None
+        else:
+            self.plain_time_s = (self.plain_time_s or 0.0) + plain.time_s
+            same = agreement(row.tokens, plain.tokens)
+            self.exact_plain += same.exact
+            self.fraction_equal_plain_sum += same.fraction_equal
         self.generations += 1
         self.new_tokens += row.new_tokens
         self.time_s += row.time_s
@@ -128,12 +157,17 @@ class Summary:
 
 def own_plain(method: str) -> str:
     """A peer's own engine's plain run, its ``vs own plain`` baseline: ``vllm`` for the vLLM
-    peers, ``hf`` (Hugging Face ``generate``) for the others.
+    peers, ``llamacpp`` (llama-cpp-python, one row per decode) for the llama.cpp peers, ``hf``
+    (Hugging Face ``generate``) for the others.
 
-    >>> own_plain("vllm-ngram"), own_plain("hf-pld")
-    ('vllm', 'hf')
+    >>> own_plain("vllm-ngram"), own_plain("hf-pld"), own_plain("llama-lookup"), own_plain("llamacpp-pld")
+    ('vllm', 'hf', 'llamacpp', 'llamacpp')
     """
-    return "vllm" if method == "vllm" or method.startswith("vllm-") else "hf"
+    if method == "vllm" or method.startswith("vllm-"):
+        return "vllm"
+    if method == LLAMACPP_PLAIN or method.startswith(("llamacpp-", "llama-")):
+        return LLAMACPP_PLAIN
+    return "hf"
 
 
 def summarize(rows: Sequence[ResultRow]) -> Summary:
@@ -169,10 +203,10 @@ def summarize(rows: Sequence[ResultRow]) -> Summary:
             continue
         if first[r.key] is not r:
             continue
-        hf, ar_end = base(r, own_plain(r.method)), base(r, AR_END)
+        hf, ar_end, plain = base(r, own_plain(r.method)), base(r, AR_END), base(r, LLAMACPP_PLAIN)
         for task in (r.task, OVERALL):
             cell = cells.setdefault((r.method, task), Cell(r.method, task, r.peer))
-            cell.add(r, ar, hf, ar_end)
+            cell.add(r, ar, hf, ar_end, plain)
     ceiling, ceiling_ds = {}, {}
     for task in [*tasks, OVERALL]:
         ars = [r for r in first.values() if r.method == "ar" and (task == OVERALL or r.task == task)]

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.generate import COST_TABLE, ROW_COST, check_seed, draft_quant_option, resolve_cost_table, row_cost_value
+from specgraft.cli.generate import BACKEND, COST_TABLE, ROW_COST, STRICT, check_seed, draft_quant_option, resolve_cost_table, row_cost_value
 from specgraft.methods import method_names  # imports no torch
 
 
@@ -21,10 +21,11 @@ def bench(
     draft_quant: str = draft_quant_option(),
     methods: str = typer.Option(
         "ar,pld,recycling", "--methods",
-        help=f"Comma list of registry methods ({', '.join(method_names())}), peers hf, hf-pld, hf-assisted, and vLLM peers "
-        "vllm, vllm-ngram, vllm-specgraft-pld, vllm-specgraft-reader (run in vLLM's venv: --vllm-python). "
-        "'all' = every registry method and peer (those needing a draft model only with --draft-model). "
-        "ar always runs (the baseline); hf runs whenever a peer does.",
+        help=f"Comma list of registry methods ({', '.join(method_names())}), peers hf, hf-pld, hf-assisted, llama.cpp peers "
+        "llamacpp, llamacpp-pld (llama-cpp-python), llama-speculative, llama-lookup (llama.cpp's programs: --llamacpp-tools), "
+        "and vLLM peers vllm, vllm-ngram, vllm-specgraft-pld, vllm-specgraft-reader (run in vLLM's venv: --vllm-python). "
+        "'all' = every registry method and HF peer (llama.cpp peers on --backend llamacpp; those needing a draft model only "
+        "with --draft-model). ar always runs (the baseline); hf runs whenever an HF peer does, llamacpp whenever a llama.cpp peer does.",
     ),
     suite: str = typer.Option(
         "spec-bench", "--suite",
@@ -35,7 +36,8 @@ def bench(
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="New tokens per generation."),
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
     dtype: str = typer.Option(
-        "auto", "--dtype", help="auto (float32 on a CPU, bfloat16 on a GPU; the resolved dtype is recorded), bfloat16, float16 or float32."
+        "auto", "--dtype", help="auto (float32 on a CPU, bfloat16 on a GPU; the resolved dtype is recorded), bfloat16, float16 or float32; "
+        "not with --backend llamacpp (the GGUF's quantization computes)."
     ),
     seed: int = typer.Option(0, "--seed", callback=check_seed, help="Sampling seed and torch's global seed, in [0, 2**63)."),
     budget: Optional[int] = typer.Option(
@@ -72,7 +74,11 @@ def bench(
         help="Rows each draft-tree extension forward guesses from the context, kept while the draft agrees (draft-tree, "
         "graft*; default: the preset's; 0 = off; recorded).",
     ),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: torch's choice; recorded)."),
+    threads: Optional[int] = typer.Option(
+        None, "--threads",
+        help="torch threads (default: torch's choice), and llama.cpp's (decode and batch; our backend, its peers and programs; "
+        "default: the CPU count); recorded.",
+    ),
     device: str = typer.Option("auto", "--device", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; recorded."),
     learning: str = typer.Option(
         "request", "--learning",
@@ -92,8 +98,20 @@ def bench(
     vllm_spec_tokens: int = typer.Option(5, "--vllm-spec-tokens", help="num_speculative_tokens of the speculative vLLM peers."),
     peer_process: str = typer.Option(
         "separate", "--peer-process",
-        help="Where the Hugging Face peers run: separate (a child process with its own copy of the models, so that their "
-        "generate cannot slow our methods in this one; twice the memory) or shared (this process, our models; recorded).",
+        help="Where the Hugging Face and llama-cpp-python peers run: separate (a child process with its own copy of the models, "
+        "so that their generate cannot slow our methods in this one; twice the memory) or shared (this process; recorded).",
+    ),
+    backend: str = BACKEND,
+    strict: bool = STRICT,
+    llamacpp_tools: Optional[str] = typer.Option(
+        None, "--llamacpp-tools",
+        help="Folder of llama.cpp's llama-speculative and llama-lookup, built from llama.cpp's source (benchmarks/README.md); "
+        "default: $SPECGRAFT_LLAMACPP_TOOLS.",
+    ),
+    llamacpp_draft_max: Optional[int] = typer.Option(
+        None, "--llamacpp-draft-max",
+        help="Draft tokens per step of llama-speculative and llama-lookup (--spec-draft-n-max) and llamacpp-pld's num_pred_tokens "
+        "(default: their own, 3, 3 and 10; recorded).",
     ),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md, plots/."),
     resume: bool = typer.Option(False, "--resume", help="Continue a run in --out, skipping finished rows."),
@@ -116,9 +134,12 @@ def bench(
         None, "--calibration", help="Calibration JSON from `specgraft calibrate` for the graft variants."
     ),
 ) -> None:
-    """Benchmark methods against plain decoding and Hugging Face generate on real prompt sets."""
+    """Benchmark methods against plain decoding, Hugging Face generate and llama.cpp on real prompt sets."""
     from specgraft.bench.runner import BenchConfig, run_benchmark
     from specgraft.cli.generate import split_paths
+    from specgraft.models.backends import resolve_backend
+
+    resolved = resolve_backend(backend, model)
 
     config = BenchConfig(
         model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, draft_quant=draft_quant, per_task=per_task,
@@ -126,10 +147,13 @@ def bench(
         threads=threads, resume=resume, bracket=bracket, rounds=rounds, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
         preset=preset, sample_drafts=sample_drafts, draft_extend=draft_extend, draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, draft_copy_ahead=draft_copy_ahead, device=device, learning=learning, datastores=split_paths(datastore),
         reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens, peer_process=peer_process,
-        row_cost=row_cost_value(row_cost, model, device, threads),
+        backend=backend, strict=strict, llamacpp_tools=llamacpp_tools, llamacpp_draft_max=llamacpp_draft_max,
     )
-    # after the options are checked: the budgets it derives are recorded with the run
-    config = dataclasses.replace(config, cost_table=resolve_cost_table(cost_table, model, device, threads))
+    # after the options are checked: the row cost and budgets it derives are recorded with the run
+    config = dataclasses.replace(
+        config, row_cost=row_cost_value(row_cost, model, device, threads, resolved),
+        cost_table=resolve_cost_table(cost_table, model, device, threads, resolved),
+    )
     report = run_benchmark(config)
     typer.echo(report.read_text())
 
