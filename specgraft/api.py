@@ -110,11 +110,14 @@ class SpecDecoder:
         self.backend = getattr(self.target, "backend", "hf")
         self.spec.check_backend(self.backend)
         if draft_model is None and self.spec.needs_draft_model:
-            if self.backend != "hf":
-                raise ValueError(f"method {method!r} on the {self.backend} backend needs its draft model loaded on it too (from_pretrained does)")
             self.spec.check(options)
             graft = options.graft
-            draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, self.target.device, progress, tokenizer, graft.draft_quant)
+            if self.backend == "llamacpp":
+                from specgraft.models.llamacpp import load_draft_gguf
+
+                draft_model = load_draft_gguf(graft.draft_model, self.target, progress=progress)
+            else:
+                draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, self.target.device, progress, tokenizer, graft.draft_quant)
         self.draft_model = draft_model
         if options.datastores and tokenizer is not None and method.startswith("reader"):
             from specgraft.methods.reader import load_method_datastores
@@ -208,7 +211,7 @@ class SpecDecoder:
         model's, same threads, never strict: a draft's numbers never reach the output), the
         Hugging Face tokenizer beside it (or read out of the GGUF)."""
         from specgraft.models.backends import gguf_path, tokenizer_source
-        from specgraft.models.llamacpp import LlamaCppTarget
+        from specgraft.models.llamacpp import LlamaCppTarget, load_draft_gguf
         from specgraft.models.resolve import load_errors
 
         path = gguf_path(name_or_path, cache_dir=cache_dir, progress=progress)
@@ -218,13 +221,7 @@ class SpecDecoder:
         target = LlamaCppTarget(path, threads=threads, strict=strict, name=str(name_or_path))
         draft = None
         if get_method(method).needs_draft_model:
-            draft_path = gguf_path(options.graft.draft_model, cache_dir=cache_dir, progress=progress)
-            draft = LlamaCppTarget(draft_path, threads=threads, name=str(options.graft.draft_model))
-            if draft.vocab_size != target.vocab_size:
-                raise ValueError(
-                    f"draft model {options.graft.draft_model!r} has a vocabulary of {draft.vocab_size} tokens, the target's "
-                    f"{target.vocab_size}; it must use the target's tokenizer"
-                )
+            draft = load_draft_gguf(options.graft.draft_model, target, cache_dir=cache_dir, progress=progress)
         return cls(None, tokenizer, method, options, target=target, draft_model=draft, progress=progress)
 
     def with_method(

@@ -584,7 +584,10 @@ def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
             cfg.model, method="ar", options=options, progress=cfg.progress, backend="llamacpp", threads=cfg.threads,
             strict=cfg.strict,
         )
-        return LoadedModels(decoder, load_gguf_draft(cfg, decoder.target) if cfg.draft_model and ours_need_draft else None)
+        from specgraft.models.llamacpp import load_draft_gguf
+
+        draft = load_draft_gguf(cfg.draft_model, decoder.target, progress=cfg.progress) if cfg.draft_model and ours_need_draft else None
+        return LoadedModels(decoder, draft)
     decoder = SpecDecoder.from_pretrained(
         cfg.model, method="ar", dtype=cfg.dtype, device=cfg.resolved_device, options=options, progress=cfg.progress
     )
@@ -597,22 +600,6 @@ def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
             quant=cfg.draft_quant,
         )
     return LoadedModels(decoder, draft)
-
-
-def load_gguf_draft(cfg: BenchConfig, target: Any) -> Any:
-    """The draft model's GGUF in llama.cpp, as ``SpecDecoder.from_pretrained`` loads it for a
-    draft-model method on the llama.cpp backend."""
-    from specgraft.models.backends import gguf_path
-    from specgraft.models.llamacpp import LlamaCppTarget
-
-    assert cfg.draft_model is not None
-    draft = LlamaCppTarget(gguf_path(cfg.draft_model, progress=cfg.progress), threads=cfg.threads, name=str(cfg.draft_model))
-    if draft.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"draft model {cfg.draft_model!r} has a vocabulary of {draft.vocab_size} tokens, the target's "
-            f"{target.vocab_size}; it must use the target's tokenizer"
-        )
-    return draft
 
 
 def build_methods(

@@ -543,5 +543,22 @@ class _Plan:
     """Children per pending row index after the feed."""
 
 
+def load_draft_gguf(
+    name_or_path: str, target: LlamaCppTarget, cache_dir: str | os.PathLike[str] | None = None, progress: bool = True
+) -> LlamaCppTarget:
+    """A draft model's GGUF in a llama.cpp context of its own, with ``target``'s threads (never
+    strict: a draft's numbers never reach the output); ``ValueError`` unless its vocabulary is
+    the target's size (a tokenizer check needs the Hugging Face tokenizers: ``SpecDecoder``)."""
+    from specgraft.models.backends import gguf_path
+
+    draft = LlamaCppTarget(gguf_path(name_or_path, cache_dir=cache_dir, progress=progress), threads=target.threads, name=str(name_or_path))
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"draft model {name_or_path!r} has a vocabulary of {draft.vocab_size} tokens, the target's "
+            f"{target.vocab_size}; it must use the target's tokenizer"
+        )
+    return draft
+
+
 def _ints(values: Sequence[int] | torch.Tensor) -> list[int]:
     return values.tolist() if isinstance(values, torch.Tensor) else [int(v) for v in values]
