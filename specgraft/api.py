@@ -126,6 +126,12 @@ class SpecDecoder:
             load_method_datastores(options.datastores, self.target.vocab_size, tokenizer)
         if options.cost_table == "auto":
             options = dataclasses.replace(options, cost_table=auto_cost_table(self.target))
+        if self.backend == "llamacpp" and options.row_cost is None and options.cost_table:
+            from specgraft.batch.budget import CostTable
+
+            # llama.cpp's extra rows are dear (the 1.5B Q4_K_M on a 2-core AVX-512 CPU: 4 rows 1.42x
+            # one, 16 rows 3.1x): prompt lookup cuts its trees by the measured row cost by default
+            options = dataclasses.replace(options, row_cost=CostTable.load(options.cost_table).row_cost(1))
         self.options = options
         self.small_input_rows: int | None = None  # None: the model's linears were left as they were
         if options.cost_table and self.target.device.type == "cpu" and model is not None:
