@@ -1,5 +1,5 @@
 """What each method gains per step at each budget: the measurements that default budgets are
-derived from (``specgraft/methods/device_budget.py``).
+derived from (``specgraft/budget/defaults.py``).
 
 Runs every method greedily at each budget of :data:`BUDGETS` on the tuning prompts that no
 benchmark uses (``specgraft tune``'s: Spec-Bench items from the 41st of each task, HumanEval 100
@@ -12,7 +12,7 @@ nodes of a larger tree (a draft tree's nodes are in topological order, and each 
 its own best nodes for the budget it gets). Tokens per step depend on the method and the models,
 not on the device, so one measurement serves every cost table.
 
-**Writes package data**: ``specgraft/data/budget_gains.json``, which ``methods/device_budget.py``
+**Writes package data**: ``specgraft/data/budget_gains.json``, which ``budget/defaults.py``
 and the batch policy read (``make -C benchmarks budget-gains``; about 30 minutes on 2 cores)::
 
     python benchmarks/measure_budget_gains.py --threads 2 --out specgraft/data/budget_gains.json
@@ -54,7 +54,7 @@ def write(path: str, result: dict) -> None:
 def main() -> None:
     import torch
 
-    from specgraft.bench.runner import conversation_ids
+    from specgraft.suites import conversation_ids
     from specgraft.config import GenerationConfig
     from specgraft.drafters.draft_model import get_preset
 
@@ -87,7 +87,7 @@ def main() -> None:
     else:
         # the target's one-row forward on this machine, measured as `specgraft profile` measures a
         # cost table's T(1, 1): drafting time is stored relative to it and read against a table's
-        from specgraft.batch.profile import measure_costs
+        from specgraft.budget.profile import measure_costs
 
         meta["plain_step_s"] = round(measure_costs(base.target, batch_sizes=(1,), rows=(1,), reps=5).cost(1, 1), 5)
         print(f"one-row forward (as profiled): {meta['plain_step_s'] * 1000:.1f} ms", flush=True)

@@ -18,15 +18,17 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specgraft.batch import BatchEngine, BudgetPolicy
+from specgraft.batch import BatchEngine
+from specgraft.budget.policy import BudgetPolicy
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.detokenize import TextStream
 from specgraft.engine import SpecEngine
-from specgraft.methods import GRAFT_METHODS, MethodOptions, default_method, get_method, method_budget
-from specgraft.methods.graft import check_calibration_budget
+from specgraft.methods import MethodOptions, default_method, get_method, method_budget
 from specgraft.models.fusion import fused_groups
 from specgraft.models.graphs import replays_graphs
-from specgraft.models.hf import HFTarget, load_causal_lm, parse_dtype, resolve_device
+from specgraft.models.device import parse_dtype, resolve_device
+from specgraft.models.hf import HFTarget
+from specgraft.models.loading import load_causal_lm
 from specgraft.models.loading import load_draft_model
 from specgraft.models.quant import draft_numerics
 from specgraft.types import GenerationStats
@@ -60,16 +62,6 @@ def eos_ids(tokenizer: PreTrainedTokenizerBase | None, model: PreTrainedModel | 
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return sorted(ids)
-
-
-def auto_cost_table(target: HFTarget | LlamaCppTarget) -> str | None:
-    """Path of the cost table for ``target`` on its device (``cost_device``: the llama.cpp
-    backend has its own) at its thread count (the user's measured one, else a shipped one;
-    ``batch.profile.find_cost_table``), or None."""
-    from specgraft.batch.profile import find_cost_table
-
-    found = find_cost_table(target.name, target.cost_device, target.threads)
-    return str(found) if found is not None else None
 
 
 class SpecDecoder:
@@ -119,15 +111,17 @@ class SpecDecoder:
             else:
                 draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, self.target.device, progress, tokenizer, graft.draft_quant)
         self.draft_model = draft_model
-        if options.datastores and tokenizer is not None and method.startswith("reader"):
+        if options.datastores and tokenizer is not None and self.spec.reads_datastores:
             from specgraft.methods.reader import load_method_datastores
 
             # refuses a datastore built with another tokenizer (the build only sees the vocabulary size)
             load_method_datastores(options.datastores, self.target.vocab_size, tokenizer)
         if options.cost_table == "auto":
-            options = dataclasses.replace(options, cost_table=auto_cost_table(self.target))
+            from specgraft.budget.costs import resolve_cost_table
+
+            options = dataclasses.replace(options, cost_table=resolve_cost_table("auto", self.target.name, self.target.cost_device, self.target.threads))
         if self.backend == "llamacpp" and options.row_cost is None and options.cost_table:
-            from specgraft.batch.budget import CostTable
+            from specgraft.budget.costs import CostTable
 
             # llama.cpp's extra rows are dear (the 1.5B Q4_K_M on a 2-core AVX-512 CPU: 4 rows 1.42x
             # one, 16 rows 3.1x): prompt lookup cuts its trees by the measured row cost by default
@@ -135,13 +129,13 @@ class SpecDecoder:
         self.options = options
         self.small_input_rows: int | None = None  # None: the model's linears were left as they were
         if options.cost_table and self.target.device.type == "cpu" and model is not None:
-            from specgraft.batch.budget import CostTable
+            from specgraft.budget.costs import CostTable
             from specgraft.models.kernels import set_min_rows, small_input_rows
 
             # pad 1-3 row inputs where the table says a few rows cost less than one (models/kernels.py)
             self.small_input_rows = small_input_rows(CostTable.load(options.cost_table))
             set_min_rows(model, self.small_input_rows)
-        # derived from the device's cost table where one exists (methods/device_budget.py); else
+        # derived from the device's cost table where one exists (budget/defaults.py); else
         # the fixed defaults: draft-model methods their preset's budget, READER its tree shape's
         self.default_budget = method_budget(method, options)
         drafters, composer = self.spec.build(self.target, options, draft_model)
@@ -411,8 +405,7 @@ class SpecDecoder:
         gated Graft variant would apply calibrated thresholds at another budget than they were
         fitted at."""
         resolved = config.with_default_budget(self.default_budget)
-        if self.method in GRAFT_METHODS:
-            check_calibration_budget(self.method, self.options.graft, resolved.budget)
+        self.spec.check_budget(self.options, resolved.budget)
         return resolved
 
     def _resolved_gguf_config(self, config: GenerationConfig) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from specgraft.composers.base import Composer, MergeComposer
 from specgraft.config import GenerationConfig
 from specgraft.drafters.base import Drafter, propose_all
 from specgraft.models.base import TargetModel
-from specgraft.models.hf import synchronize
+from specgraft.models.base import synchronize
 from specgraft.tree.build import truncate_depth
 from specgraft.types import DraftTree, GenerationStats, PrefillOutput, PrefillRequest, RowsOutput, StepResult
 from specgraft.verify import verify
@@ -132,7 +132,7 @@ class SpecEngine:
         # used when a GenerationConfig leaves the budget to the method (budget=None)
         self.default_budget = default_budget
         self.needs_hidden = any(d.needs_hidden for d in self.drafters)
-        layers = {getattr(d, "hidden_layer", None) for d in self.drafters if d.needs_hidden}
+        layers = {d.hidden_layer for d in self.drafters if d.needs_hidden}
         if len(layers) > 1:
             raise ValueError(f"drafters {[d.name for d in self.drafters]} need hidden states of different layers {sorted(layers, key=str)}")
         # the layer whose hidden states StepResult.hidden carries (None: the final layer's)
@@ -147,7 +147,7 @@ class SpecEngine:
         # (rows padded to a power of two) where the prefill runs eagerly: start + first step on an
         # H200 (random bf16 1.5B, benchmarks/experiments/gpu/measure_fuse_length.py) 0.14-0.45x of apart up to
         # 1,536 tokens, 0.55-0.67x at 2,048, 0.80x at 3,072, 1.22x at 4,096 (benchmarks/RESULTS.md)
-        device = str(getattr(target, "device", "cpu"))
+        device = str(target.device)
         self.fuse_prefill_max = 320 if device.startswith("cpu") else 2048 if device.startswith("cuda") else 512
         # a longer prompt prefills its whole chunks apart and fuses the rest, when that fits in
         # fuse_prefill_max (:meth:`fused_head`); False: a longer prompt prefills apart entirely
@@ -163,7 +163,7 @@ class SpecEngine:
         ``prefill_optional`` (work a sequence expected to decode plainly skips)."""
         required, optional = PrefillRequest(), PrefillRequest()
         for d in self.drafters:
-            if getattr(d, "prefill_optional", False):
+            if d.prefill_optional:
                 optional = optional.union(d.prefill_request())
             else:
                 required = required.union(d.prefill_request())
@@ -258,7 +258,7 @@ class SpecEngine:
         """
         if rows <= self.fuse_prefill_max:
             return 0
-        chunk = int(getattr(self.target, "prefill_chunk", 0) or 0)
+        chunk = self.target.prefill_chunk
         if not self.fuse_tail or chunk <= 0:
             return None
         tail = rows % chunk
@@ -272,8 +272,8 @@ class SpecEngine:
             return True
         return (
             request.fusable
-            and getattr(self.target, "fill_outputs", False)
-            and all(getattr(d, "deferred_prefill", False) or d.prefill_request() == PrefillRequest() for d in self.drafters)
+            and self.target.fill_outputs
+            and all(d.deferred_prefill or d.prefill_request() == PrefillRequest() for d in self.drafters)
         )
 
     def start_many(
@@ -306,7 +306,7 @@ class SpecEngine:
             # prompts (of more than the root) whose drafters ask nothing of the prefill
             together = [(i, seq) for i, seq, request in opened if request == PrefillRequest() and len(starts[i][0]) > 1]
             filled: set[int] = set()
-            if getattr(self.target, "batched_prefill", False) and len(together) > 1:
+            if self.target.batched_prefill and len(together) > 1:
                 try:
                     self.target.prefill_batch([seq.slot for _, seq in together], [list(starts[i][0][:-1]) for i, _ in together])
                     filled = {i for i, _ in together}
@@ -417,11 +417,9 @@ class SpecEngine:
         fills = [len(seq.unfilled) for _, seq, _, _ in live]
         rows = [[*seq.unfilled, seq.context[-1], *tree.tokens] for (_, seq, _, _), tree in zip(live, trees)]
         parents = [[*range(-1, k - 1), k - 1, *(p + 1 + k for p in tree.parents)] for k, tree in zip(fills, trees)]
-        kw: dict[str, Any] = {"logits_from": fills} if any(fills) else {}
-        if any(seq.deferred_prefill for _, seq, _, _ in live):
-            kw["fill_outputs"] = True
         outs = self.target.forward_batch(
-            [seq.slot for _, seq, _, _ in live], rows, parents, output_hidden=self.needs_hidden, hidden_layer=self.hidden_layer, **kw
+            [seq.slot for _, seq, _, _ in live], rows, parents, output_hidden=self.needs_hidden, hidden_layer=self.hidden_layer,
+            logits_from=fills if any(fills) else None, fill_outputs=any(seq.deferred_prefill for _, seq, _, _ in live),
         )
         t2 = self._now()
         draft_s = max(0.0, t1 - t0 - sum(s for _, s in catch_ups))
@@ -482,21 +480,16 @@ class SpecEngine:
         self.target.release(seq.slot)
         seq.stats.total_s = self._now() - seq.started
 
-    @staticmethod
-    def _catch_up(seq: SequenceState) -> tuple[int, float]:
+    def _catch_up(self, seq: SequenceState) -> tuple[int, float]:
         """Tokens and seconds the drafters' last proposal spent on catch-up prefill."""
-        states = seq.drafter_states
-        return sum(getattr(st, "catch_up_tokens", 0) for st in states), sum(getattr(st, "catch_up_s", 0.0) for st in states)
+        spent = [d.catch_up(state) for d, state in zip(self.drafters, seq.drafter_states, strict=True)]
+        return sum(t for t, _ in spent), sum(s for _, s in spent)
 
     def pending_prefill(self, seq: SequenceState) -> int:
         """Tokens the drafters would prefill apart at the sequence's next drafting step (a draft
         model's catch-up: the prompt at its first proposal, or a long backlog); 0 for drafters
         without such a cost."""
-        return sum(
-            d.pending_prefill(state, seq.context)
-            for d, state in zip(self.drafters, seq.drafter_states, strict=True)
-            if hasattr(d, "pending_prefill")
-        )
+        return sum(d.pending_prefill(state, seq.context) for d, state in zip(self.drafters, seq.drafter_states, strict=True))
 
     # -- the steps -----------------------------------------------------------------------------
 

@@ -232,3 +232,28 @@ def load_suite(specs: str | Sequence[str], per_task: int | None = None, alpaca_p
                 p = BenchPrompt(p.id, f"{name}/{p.task}", p.turns, p.chat, p.suite)
             out.append(p)
     return Suite(prompts=tuple(out), sources=tuple(sources), notes=tuple(notes))
+
+
+def conversation_ids(tokenizer, turns: Sequence[str], answers: Sequence[str], chat: bool) -> list[int]:
+    """Token ids of the last of ``turns``, after the earlier turns and their ``answers``.
+
+    With ``chat`` the message list ``[user t0, assistant a0, user t1, ...]`` goes through
+    ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``; for one turn this is
+    exactly :meth:`SpecDecoder.encode(prompt, chat=True)`. Without a chat template the parts are
+    joined by blank lines, e.g. ``turns=["Hi", "More"], answers=["Hello"]`` -> ``"Hi\\n\\nHello\\n\\nMore"``.
+    """
+    assert len(answers) == len(turns) - 1, f"{len(turns)} turns need {len(turns) - 1} answers, got {len(answers)}"
+    if chat:
+        messages: list[dict[str, str]] = []
+        for i, turn in enumerate(turns):
+            messages.append({"role": "user", "content": turn})
+            if i < len(answers):
+                messages.append({"role": "assistant", "content": answers[i]})
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        parts = [p for pair in zip(turns, [*answers, ""]) for p in pair][:-1]
+        ids = tokenizer("\n\n".join(parts))["input_ids"]
+    if not ids:
+        raise ValueError("a benchmark prompt encoded to no tokens")
+    return list(ids)

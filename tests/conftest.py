@@ -83,7 +83,7 @@ def no_draft_tree_cut(request, monkeypatch):
         return
     import dataclasses
 
-    from specgraft.drafters import draft_model
+    from specgraft.drafters.draft_model import config
 
-    presets = {name: dataclasses.replace(p, long_row_cost=None) for name, p in draft_model.PRESETS.items()}
-    monkeypatch.setattr(draft_model, "PRESETS", presets)
+    presets = {name: dataclasses.replace(p, long_row_cost=None) for name, p in config.PRESETS.items()}
+    monkeypatch.setattr(config, "PRESETS", presets)

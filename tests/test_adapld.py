@@ -1,4 +1,4 @@
-"""AdaPLD (``drafters/adapld.py``): retrieval rules on hand-made memories, the adapter's layer
+"""AdaPLD (``drafters/adapld/``): retrieval rules on hand-made memories, the adapter's layer
 hidden states and top-k, greedy losslessness of every variant, exact seeded sampling."""
 
 import random
@@ -157,20 +157,20 @@ def test_observe_keeps_the_memory_in_step_and_learns():
 
 
 def test_packed_rows_equal_the_three_copies():
-    """observe's one device-to-host copy (``_rows_to_host``) gives what ``_top`` and ``_unit`` give
+    """observe's one device-to-host copy (``rows_to_host``) gives what ``top_rows`` and ``unit_rows`` give
     (the probabilities through ``log_softmax``: equal to a sum of 151,936 float32 terms' rounding)."""
-    from specgraft.drafters.adapld import _rows_to_host, _top, _unit
+    from specgraft.drafters.adapld import rows_to_host, top_rows, unit_rows
 
     gen = torch.Generator().manual_seed(3)
     for dtype in (torch.float32, torch.bfloat16):
         logits = (torch.randn(5, 151_936, generator=gen) * 4).to(dtype)
         hidden = torch.randn(5, 64, generator=gen).to(dtype)
-        ids, probs, units = _rows_to_host(logits, hidden, 9)
-        ids_plain, probs_plain = _top(logits, 9)
+        ids, probs, units = rows_to_host(logits, hidden, 9)
+        ids_plain, probs_plain = top_rows(logits, 9)
         assert ids.dtype == ids_plain.dtype and np.array_equal(ids, ids_plain)
         assert np.allclose(probs, probs_plain, rtol=1e-4, atol=1e-9)
-        assert np.array_equal(units, _unit(hidden))
-        ids_only, probs_only, none = _rows_to_host(logits, None, 9)
+        assert np.array_equal(units, unit_rows(hidden))
+        ids_only, probs_only, none = rows_to_host(logits, None, 9)
         assert np.array_equal(ids_only, ids_plain) and np.array_equal(probs_only, probs) and none is None
 
 

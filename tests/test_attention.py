@@ -13,7 +13,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from specgraft.api import SpecDecoder
 from specgraft.config import GenerationConfig
 from specgraft.models.attention import PACKED_SDPA, attention_implementation, packed_gqa_sdpa, register_packed_sdpa
-from specgraft.models.hf import HFTarget, check_tree_attention, load_causal_lm
+from specgraft.models.hf import HFTarget
+from specgraft.models.loading import check_tree_attention, load_causal_lm
 from tests.conftest import TINY_MODELS, tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -14,8 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from specgraft.batch import AdaptiveBudget, Acceptance, BatchEngine, CostTable, FixedBudget, QueueFull
-from specgraft.batch.budget import GUARD_STEPS, StepPlan
+from specgraft.batch import BatchEngine, QueueFull
+from specgraft.budget.acceptance import Acceptance
+from specgraft.budget.adaptive import AdaptiveBudget
+from specgraft.budget.costs import CostTable
+from specgraft.budget.policy import FixedBudget
+from specgraft.budget.adaptive import GUARD_STEPS
+from specgraft.budget.policy import StepPlan
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.engine import SpecEngine
 from specgraft.methods import MethodOptions, get_method, method_names
@@ -630,7 +635,8 @@ def test_docstring_examples(module):
 
 
 def test_measure_costs_and_find_table(tmp_path, monkeypatch):
-    from specgraft.batch.profile import find_cost_table, measure_costs, table_name
+    from specgraft.budget.costs import find_cost_table, table_name
+    from specgraft.budget.profile import measure_costs
 
     target = HFTarget(TINY_MODELS["llama"]())
     table = measure_costs(target, batch_sizes=(1, 3), rows=(1, 4), context=8, reps=1)

@@ -24,10 +24,12 @@ from specgraft.bench.records import RESULTS_FILE, read_rows
 from specgraft.bench.repetition import longest_match
 from specgraft.bench.summary import OVERALL, common_rows, summarize
 from specgraft.bench.peers import PEERS
-from specgraft.bench.runner import build_methods, conversation_ids, load_models, plain_answers
+from specgraft.bench.runner import build_methods, load_models
+from specgraft.bench.session import plain_answers
+from specgraft.suites import conversation_ids
 from specgraft.calibration import save_calibration
 from specgraft.methods import METHODS
-from specgraft.models.hf import parse_dtype
+from specgraft.models.device import parse_dtype
 from specgraft.models.kernels import OneDNNLinear
 from specgraft.models.quant import draft_numerics
 
@@ -441,7 +443,7 @@ def test_rounds_alternate_the_order_and_keep_the_mean_time(target_dir, tmp_path,
 
 
 def test_session_ids_are_unique_within_a_second():
-    from specgraft.bench.runner import _session_id
+    from specgraft.bench.session import session_id as _session_id
 
     assert _session_id() != _session_id()
 

@@ -257,7 +257,7 @@ def opts_of(call: dict) -> dict:
 
 def text_of(row) -> str:
     """The prompt text of an ``ar`` row's input, as the bench gave it (its ids detokenized)."""
-    from specgraft.bench.runner import conversation_ids
+    from specgraft.suites import conversation_ids
     from specgraft.suites import load_suite
 
     prompt = next(p for p in load_suite("humaneval:2").prompts if p.id == row.prompt_id)

@@ -1,4 +1,4 @@
-"""The batch policy's prior from a method's measured gains (``specgraft/batch/budget.py``):
+"""The batch policy's prior from a method's measured gains (``specgraft/budget/adaptive.py``):
 it reproduces the measured tokens and nodes per step, makes a fresh policy predict what the
 default-budget derivation predicts, outlasts a short unlucky warm-up, and yields to sustained
 evidence."""
@@ -9,9 +9,12 @@ import json
 
 import pytest
 
-from specgraft.batch import AdaptiveBudget, Acceptance, CostTable
-from specgraft.batch.budget import GAINS_PRIOR_WEIGHT, per_rank
-from specgraft.methods.device_budget import GAINS_PATH, budget_gains, predicted_tokens_per_s
+from specgraft.budget.acceptance import Acceptance
+from specgraft.budget.adaptive import AdaptiveBudget
+from specgraft.budget.costs import CostTable
+from specgraft.budget.acceptance import GAINS_PRIOR_WEIGHT, per_rank
+from specgraft.budget.acceptance import GAINS_PATH, budget_gains
+from specgraft.budget.defaults import predicted_tokens_per_s
 
 ZEN3 = GAINS_PATH.parent / "costs" / "qwen2.5-coder-1.5b-instruct-cpu-t2.json"
 MEASURED = sorted(json.loads(GAINS_PATH.read_text())["methods"])

@@ -14,6 +14,7 @@ from specgraft.calibration import Calibration, load_calibration, save_calibratio
 from specgraft.calibration.fit import StepFit, choose_thresholds, paired_standard_error, threshold_grid
 from specgraft.calibration.record import Recording, record_steps
 from specgraft.composers.graft import GraftComposer, GraftConfig
+from specgraft.methods.graft import graft_config
 from specgraft.drafters.graft_retrieval import GraftRetrieval
 from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig
 from specgraft.drafters.recycling import SuccessorMatrix
@@ -201,7 +202,7 @@ def test_recording_refreshes_the_matrix_only_from_a_real_steps_rows():
     # a filled matrix: retrieval proposes nodes beside the draft's, so the union is large
     rng = np.random.default_rng(0)
     matrix.table[:] = np.stack([rng.permutation(np.arange(3, 96))[:4] for _ in range(96)])
-    composers = {v: GraftComposer(GraftConfig(variant=v, k=4)) for v in ("graft", "graft-prune")}
+    composers = {v: GraftComposer(graft_config(v, k=4)) for v in ("graft", "graft-prune")}
     retrieval = Spy(GraftRetrieval(96, composers["graft"].planner, matrix))
     prompts = [p for p, _ in make_prompts(3, 96)]
     rec = record_steps(target, drafter, retrieval, composers, prompts, 10, budget)

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from specgraft.bench import BenchConfig
 from specgraft.cli.bench import bench
 from specgraft.bench.records import RESULTS_FILE, read_rows
-from specgraft.bench.runner import RUN_FILE, _check_resume
+from specgraft.bench.config import RUN_FILE
+from specgraft.bench.session import check_resume as _check_resume
 from specgraft.methods import METHODS
 
 from tests.test_bench import draft_dir, target_dir  # noqa: F401  (module-scoped fixtures)

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from specgraft.agreement import Agreement
-from specgraft.cli.generate import _method_help, agreement_note, resolve_dtype
+from specgraft.cli.generate import agreement_note
+from specgraft.cli.options import method_help, resolve_dtype
 
 from tests.conftest import tiny_llama, tiny_tokenizer
 from tests.test_cli import keep_threads, run_cli, tiny_draft_dir  # noqa: F401 (fixtures)
@@ -92,7 +93,7 @@ def test_default_method_is_pld_or_draft_tree(monkeypatch, capsys, tiny_model_dir
     assert generate_json(monkeypatch, capsys, tiny_model_dir, "--dtype", "float32")["method"] == "pld"
     with_draft = generate_json(monkeypatch, capsys, tiny_model_dir, "--dtype", "float32", "--draft-model", tiny_draft_dir)
     assert with_draft["method"] == "draft-tree" and with_draft["config"]["method"] == "draft-tree"
-    assert "Default: pld, or draft-tree with --draft-model." in _method_help()
+    assert "Default: pld, or draft-tree with --draft-model." in method_help()
 
 
 class FakeServer:

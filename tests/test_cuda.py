@@ -204,7 +204,7 @@ def test_adapld_fused_and_apart_and_packed_rows_on_cuda():
     host gives what the three copies give."""
     import numpy as np
 
-    from specgraft.drafters.adapld import _rows_to_host, _top, _unit
+    from specgraft.drafters.adapld import rows_to_host, top_rows, unit_rows
 
     torch.backends.cuda.matmul.allow_tf32 = False
     model = TINY_MODELS["qwen2"]().cuda()
@@ -220,6 +220,6 @@ def test_adapld_fused_and_apart_and_packed_rows_on_cuda():
     gen = torch.Generator(device="cuda").manual_seed(0)
     logits = torch.randn(4, 151_936, device="cuda", generator=gen, dtype=torch.bfloat16)
     hidden = torch.randn(4, 128, device="cuda", generator=gen, dtype=torch.bfloat16)
-    ids, probs, units = _rows_to_host(logits, hidden, 9)
-    plain_ids, plain_probs = _top(logits, 9)
-    assert (ids == plain_ids).all() and np.allclose(probs, plain_probs, rtol=1e-4, atol=1e-9) and (units == _unit(hidden)).all()
+    ids, probs, units = rows_to_host(logits, hidden, 9)
+    plain_ids, plain_probs = top_rows(logits, 9)
+    assert (ids == plain_ids).all() and np.allclose(probs, plain_probs, rtol=1e-4, atol=1e-9) and (units == unit_rows(hidden)).all()

@@ -1,4 +1,4 @@
-"""Default budgets derived from the device's cost table (``methods/device_budget.py``,
+"""Default budgets derived from the device's cost table (``budget/defaults.py``,
 ``MethodOptions.cost_table``, ``--cost-table``): the rule against a brute-force twin, the
 shipped gains, where the derivation applies and where the fixed defaults stay, and that a
 derived budget changes the speed only (greedy outputs equal ``ar``)."""
@@ -10,9 +10,10 @@ import random
 import pytest
 
 from specgraft.api import SpecDecoder
-from specgraft.batch.budget import CostTable
+from specgraft.budget.costs import CostTable
 from specgraft.methods import DEFAULT_BUDGETS, METHODS, GraftOptions, MethodOptions, derived_budget, fixed_budget, method_budget
-from specgraft.methods.device_budget import TIE, GAINS_OF, GAINS_PATH, BudgetGains, budget_gains, choose, derive_budget, gains_meta, verify_cost
+from specgraft.budget.acceptance import BudgetGains, GAINS_OF, GAINS_PATH, budget_gains, gains_meta
+from specgraft.budget.defaults import TIE, choose, derive_budget, verify_cost
 
 from tests.conftest import tiny_llama, tiny_tokenizer
 
@@ -179,7 +180,7 @@ def test_user_table_in_the_cache_is_found(tmp_path, monkeypatch):
     """A table ``specgraft profile`` wrote for this model, device and thread count is the one ``auto`` reads."""
     import torch
 
-    from specgraft.batch.profile import table_name, user_cost_dir
+    from specgraft.budget.costs import table_name, user_cost_dir
 
     monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path))
     model, tok = tiny_llama(), tiny_tokenizer()
@@ -204,7 +205,7 @@ def test_shipped_gpu_tables_are_found_and_give_gpu_budgets():
     """The tables measured on an H200 for the catalog models (``benchmarks/experiments/gpu/NOTES.md``)
     serve any CUDA device without ``specgraft profile``, and from them every method with
     measured gains gets at least the budget the shipped CPU table gives it."""
-    from specgraft.batch.profile import SHIPPED_DIR, find_cost_table
+    from specgraft.budget.costs import SHIPPED_DIR, find_cost_table
 
     for model in ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"):
         found = find_cost_table(f"/anywhere/{model}", "cuda:0")
@@ -224,7 +225,7 @@ def test_cost_tables_are_found_for_the_cpu_kind(tmp_path, monkeypatch):
     or not) at this thread count, the generic shipped one, and the same at any thread count."""
     import json
 
-    from specgraft.batch import profile
+    from specgraft.budget import costs as profile
     from specgraft import machine
 
     user, shipped = tmp_path / "user", tmp_path / "shipped"
@@ -257,7 +258,7 @@ def test_cost_tables_are_found_for_the_cpu_kind(tmp_path, monkeypatch):
 def test_shipped_cpu_tables_of_both_kinds(tmp_path, monkeypatch):
     """The two shipped CPU tables of the 1.5B: measured on the CPU kind their names say, and the
     AVX-512 one's extra rows cost less (so its budgets are at least the AVX2 one's)."""
-    from specgraft.batch.profile import SHIPPED_DIR, find_cost_table
+    from specgraft.budget.costs import SHIPPED_DIR, find_cost_table
 
     monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path))  # no table of this machine's
 

@@ -138,7 +138,8 @@ def test_resume_of_a_run_recorded_before_draft_quant(tmp_path):
     import json
 
     from specgraft.bench import BenchConfig
-    from specgraft.bench.runner import RUN_FILE, _check_resume
+    from specgraft.bench.config import RUN_FILE
+    from specgraft.bench.session import check_resume as _check_resume
 
     def old_run(**kw):
         cfg = BenchConfig(model="m", out=str(tmp_path), methods="pld", **kw)

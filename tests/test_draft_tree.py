@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from specgraft.composers.graft import GraftComposer, GraftConfig
+
+from specgraft.methods.graft import graft_config
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.draft_model import PRESETS, DraftModelDrafter, DraftTreeConfig, trim
 from specgraft.tree.paths import best_first
@@ -85,7 +87,7 @@ def test_draft_cache_stays_in_step_with_the_target():
     model = tiny_llama()
     draft = perturbed(model)
     drafter = DraftModelDrafter(draft, DraftTreeConfig(depth=3, top_k=3), target_vocab=96)
-    engine = SpecEngine(HFTarget(model), [drafter], GraftComposer(GraftConfig(variant="draft-tree")))
+    engine = SpecEngine(HFTarget(model), [drafter], GraftComposer(graft_config("draft-tree")))
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     seq = engine.start(prompt, GenerationConfig(max_new_tokens=30, budget=12))
     while not seq.done:
@@ -625,7 +627,7 @@ def test_long_chains_keep_confident_nodes_past_the_tree_budget():
     assert len(b) > 3, "a confident chain grows past the tree budget"
     model = tiny_llama()
     drafter = DraftModelDrafter(perturbed(model), DraftTreeConfig(depth=3, top_k=2, extend=6, tree_budget=4), target_vocab=96)
-    engine = SpecEngine(HFTarget(model), [drafter], GraftComposer(GraftConfig(variant="draft-tree")))
+    engine = SpecEngine(HFTarget(model), [drafter], GraftComposer(graft_config("draft-tree")))
     config = GenerationConfig(max_new_tokens=MAX_NEW, budget=12)
     for prompt, _ in make_prompts(20):
         assert engine.generate_ids(prompt, config) == hf_greedy(model, prompt, MAX_NEW)

@@ -13,6 +13,7 @@ import torch
 
 from specgraft.batch import BatchEngine
 from specgraft.composers.graft import GraftComposer, GraftConfig
+from specgraft.methods.graft import graft_config
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig
 from specgraft.engine import SpecEngine
@@ -34,7 +35,7 @@ def engines(model) -> dict[str, SpecEngine]:
         drafters, composer = get_method(name).build(target, MethodOptions())
         out[name] = SpecEngine(target, drafters, composer, method=name)
     drafter = DraftModelDrafter(perturbed(model), DraftTreeConfig(depth=3, top_k=3), target_vocab=model.config.vocab_size)
-    out["draft-tree"] = SpecEngine(target, [drafter], GraftComposer(GraftConfig(variant="draft-tree")), method="draft-tree")
+    out["draft-tree"] = SpecEngine(target, [drafter], GraftComposer(graft_config("draft-tree")), method="draft-tree")
     return out
 
 
@@ -217,7 +218,7 @@ def tail_engines(model, chunk: int) -> dict[str, SpecEngine]:
         drafters, composer = get_method(name).build(target, MethodOptions())
         out[name] = SpecEngine(target, drafters, composer, method=name)
     drafter = DraftModelDrafter(perturbed(model), DraftTreeConfig(depth=3, top_k=3), target_vocab=model.config.vocab_size)
-    out["draft-tree"] = SpecEngine(target, [drafter], GraftComposer(GraftConfig(variant="draft-tree")), method="draft-tree")
+    out["draft-tree"] = SpecEngine(target, [drafter], GraftComposer(graft_config("draft-tree")), method="draft-tree")
     return out
 
 

@@ -5,7 +5,8 @@ import torch
 
 from specgraft.api import SpecDecoder
 from specgraft.models.fusion import ProjectionSlice, fuse_projections, fused_groups
-from specgraft.models.hf import HFTarget, load_causal_lm
+from specgraft.models.hf import HFTarget
+from specgraft.models.loading import load_causal_lm
 from specgraft.models.kernels import OneDNNLinear, onednn_available, use_onednn_linears
 from specgraft.models.loading import load_draft_model
 from specgraft.models.quant import draft_numerics, int8_available, quantize_int8_dynamic

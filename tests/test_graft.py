@@ -16,7 +16,8 @@ import torch
 
 from specgraft.calibration import CALIBRATED_VARIANTS, Calibration, load_calibration, run_calibration, save_calibration
 from specgraft.calibration.fit import choose_thresholds
-from specgraft.composers.graft import VARIANTS, GraftComposer, GraftConfig, StagePlanner, plan_budget
+from specgraft.composers.graft import GraftComposer, GraftConfig, StagePlanner, plan_budget
+from specgraft.methods.graft import GRAFT_BEHAVIOUR, graft_config
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.draft_model import PRESETS, DraftModelDrafter, DraftTreeConfig, ModelDraft
 from specgraft.drafters.graft_retrieval import GraftRetrieval
@@ -36,6 +37,7 @@ from tests.test_greedy_lossless import hf_greedy, make_prompts
 
 MAX_NEW = 24
 N_PROMPTS = 20
+VARIANTS = list(GRAFT_BEHAVIOUR)
 GRAFT_ONLY = [v for v in VARIANTS if v != "draft-tree"]
 
 
@@ -443,7 +445,7 @@ def test_registry_entries_build_from_method_options(tiny_model_dir):
 
 def test_variant_names_are_validated():
     with pytest.raises(ValueError, match="unknown Graft variant"):
-        GraftConfig(variant="graft-everything")
+        graft_config("graft-everything")
     with pytest.raises(ValueError, match="unknown Graft variant"):
         build_graft_method("graft-everything", Vocab(96), GraftOptions(), draft_model=tiny_llama())
 

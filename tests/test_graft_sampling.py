@@ -18,6 +18,8 @@ import pytest
 import torch
 
 from specgraft.composers.graft import VARIANTS, GraftComposer, GraftConfig, StagePlanner
+
+from specgraft.methods.graft import graft_config
 from specgraft.config import SamplingConfig
 from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig
 from specgraft.drafters.graft_retrieval import GraftRetrieval
@@ -41,7 +43,7 @@ def variant_sampling(variant: str, sample_drafts: bool = True, k: int = 3) -> tu
     target = SyntheticTarget(SamplingConfig(temperature=1.0), seed=3)
     law = target.exact_law()
     lm = TableLM(random_table(4, seed=6), 4)
-    config = GraftConfig(variant=variant, k=k)
+    config = graft_config(variant, k=k)
     # gated variants: c_0 varies with the context, so the root gate sometimes stops drafting
     drafter = DraftModelDrafter(lm, DraftTreeConfig(
         depth=2, top_k=3, checkpoints=(0,) if config.gated else (), thresholds=(0.55,) if config.gated else None,
@@ -79,7 +81,7 @@ def variant_sampling(variant: str, sample_drafts: bool = True, k: int = 3) -> tu
 )
 def test_sampled_trees_match_the_target_law(variant, sample_drafts):
     tv, bound, per_step, stages, nodes = variant_sampling(variant, sample_drafts)
-    config = GraftConfig(variant=variant)
+    config = graft_config(variant)
     if config.gated:
         assert set(stages) == {0, None}, f"both the pruned and the full draft must occur, got {dict(stages)}"
     if sample_drafts:

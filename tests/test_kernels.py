@@ -6,7 +6,8 @@ import torch
 from specgraft.config import GenerationConfig
 from specgraft.engine import SpecEngine
 from specgraft.methods import MethodOptions, get_method
-from specgraft.models.hf import HFTarget, parse_dtype
+from specgraft.models.device import parse_dtype
+from specgraft.models.hf import HFTarget
 from specgraft.models.kernels import OneDNNLinear, auto_dtype, onednn_available, use_onednn_linears
 
 from tests.conftest import tiny_llama, tiny_qwen2
@@ -100,7 +101,7 @@ def test_small_input_rows_from_the_cost_table_and_greedy_equals_plain(tmp_path):
     import json
 
     from specgraft.api import SpecDecoder
-    from specgraft.batch.budget import CostTable
+    from specgraft.budget.costs import CostTable
     from specgraft.models.kernels import set_min_rows, small_input_rows
 
     from tests.test_greedy_lossless import hf_greedy, make_prompts
@@ -134,7 +135,7 @@ def test_gpu_forwards_leave_out_cudnn_attention():
     """On CUDA our forwards run under :func:`attention_backends`, which drops cuDNN's SDPA (it
     builds a plan per new key length: 3.8 s of attention in a 64-token generation on an H200);
     elsewhere torch chooses. The flags are global, so this runs without a GPU."""
-    from specgraft.models.hf import attention_backends
+    from specgraft.models.device import attention_backends
 
     flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled, torch.backends.cuda.math_sdp_enabled)
     before = [f() for f in flags]
@@ -151,7 +152,7 @@ def test_release_freed_memory(monkeypatch):
     import ctypes
     import sys
 
-    from specgraft.models import hf
+    from specgraft.models import loading as hf
 
     try:
         glibc = hasattr(ctypes.CDLL("libc.so.6"), "malloc_trim")

@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from specgraft.batch.budget import CostTable
-from specgraft.batch.profile import resolve_row_cost
+from specgraft.budget.costs import CostTable
+from specgraft.budget.costs import resolve_row_cost
 from specgraft.config import GenerationConfig
 from specgraft.drafters.pld import PLDConfig, PLDDrafter
 from specgraft.engine import SpecEngine
@@ -97,7 +97,7 @@ def test_cost_table_row_cost_and_resolution(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=">= 0"):
         resolve_row_cost("-1", "m", "cpu")
     # the shipped table of the 1.5B target for this kind of CPU (AVX2: the Zen 3's; AVX-512: the Zen 5's)
-    from specgraft.batch.profile import table_name
+    from specgraft.budget.costs import table_name
     from specgraft.machine import cpu_kind
 
     cost, source = resolve_row_cost("auto", "qwen2.5-coder-1.5b-instruct", "cpu", 2)

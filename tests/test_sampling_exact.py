@@ -33,6 +33,7 @@ import torch
 
 from specgraft.composers.base import MergeComposer
 from specgraft.composers.graft import GraftComposer, GraftConfig, StagePlanner
+from specgraft.methods.graft import graft_config
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig
 from specgraft.drafters.graft_retrieval import GraftRetrieval
@@ -279,7 +280,7 @@ def matrix(k: int = 2, seed: int = 3) -> SuccessorMatrix:
 def graft_maker(variant: str, budget: int, draft: Sampled, k: int = 2, stages: set | None = None) -> Callable[[], DraftTree]:
     """``make()``: the drafter proposes, the variant's composer builds the tree (as
     ``build_graft_method`` wires them); each draft's pruning stage goes to ``stages``."""
-    config = GraftConfig(variant=variant, k=k)
+    config = graft_config(variant, k=k)
     planner = StagePlanner(config)
     retrieval = GraftRetrieval(V, planner, matrix(k))
     composer = GraftComposer(config, planner)

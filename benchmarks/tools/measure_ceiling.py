@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from specgraft.bench.repetition import SelfRepetition, self_repetition
-from specgraft.bench.runner import plain_answers
+from specgraft.bench.session import plain_answers
 from specgraft.cli.datastore import load_tokenizer
 from specgraft.retrieval import Datastore
 

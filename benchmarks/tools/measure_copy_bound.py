@@ -61,7 +61,7 @@ from typing import Sequence
 import numpy as np
 
 from specgraft.bench.repetition import longest_match
-from specgraft.bench.runner import plain_answers
+from specgraft.bench.session import plain_answers
 from specgraft.cli.datastore import load_tokenizer
 from specgraft.drafters.adapld import AdaPLDConfig
 from specgraft.drafters.pld import PLDDrafter

@@ -39,7 +39,7 @@ def child(target: str, draft: str | None, quant: str | None, fast_kernels: bool)
 
     import torch
 
-    from specgraft.models.hf import load_causal_lm
+    from specgraft.models.loading import load_causal_lm
     from specgraft.models.resolve import resolve_model
 
     torch.set_num_threads(2)

@@ -42,7 +42,7 @@ import torch
 
 from specgraft.api import SpecDecoder
 from specgraft.bench.repetition import longest_match, store_match
-from specgraft.bench.runner import plain_answers
+from specgraft.bench.session import plain_answers
 from specgraft.drafters.reader_retrieval import ReaderConfig, ReaderRetrieval
 from specgraft.methods import GraftOptions, MethodOptions
 from specgraft.retrieval import SearchPath

@@ -26,7 +26,7 @@ import torch
 
 from specgraft.api import SpecDecoder
 from specgraft.config import GenerationConfig
-from specgraft.models.hf import synchronize
+from specgraft.models.base import synchronize
 from specgraft.suites import load_suite
 
 

@@ -111,7 +111,7 @@ class ForwardLog:
         self._orig = {name: getattr(HFTarget, name) for name in ("forward_batch", "prefill")}
 
     def __enter__(self):
-        from specgraft.models.hf import synchronize
+        from specgraft.models.base import synchronize
 
         log = self
 
@@ -181,7 +181,7 @@ def trace(args) -> None:
     import torch
 
     from specgraft.api import SpecDecoder
-    from specgraft.bench.runner import conversation_ids
+    from specgraft.suites import conversation_ids
     from specgraft.config import GenerationConfig
     from specgraft.machine import cpu_model
     from specgraft.methods import GraftOptions, MethodOptions, get_method
@@ -300,7 +300,7 @@ def replay_record(target, draft, record: dict, generator) -> tuple[float, float]
     first step)."""
     import torch
 
-    from specgraft.models.hf import synchronize
+    from specgraft.models.base import synchronize
 
     vocab = target.vocab_size
 

@@ -166,7 +166,7 @@ def load_bench(run_dir: Path, exclude: set[str]) -> tuple[dict[str, list[int]], 
     key -> {"tokens", "time_s"})`` with vLLM's keys (``prompt_id:turn``), ``exclude``'s keys left out."""
     from transformers import AutoTokenizer
 
-    from specgraft.bench.runner import conversation_ids
+    from specgraft.suites import conversation_ids
     from specgraft.models.resolve import resolve_model
     from specgraft.suites import load_suite
 

@@ -12,7 +12,7 @@ sequences. Each :meth:`BatchEngine.step`:
 3. runs one speculative step for every running sequence with one target forward
    (``SpecEngine.step_batch``: trees padded to one shape, per-sequence positions and masks,
    a draft model drafting for all of them in one forward per layer), each tree capped by the
-   budget the :class:`~specgraft.batch.budget.BudgetPolicy` picks for this batch size
+   budget the :class:`~specgraft.budget.policy.BudgetPolicy` picks for this batch size
    (0 = plain decoding, when speculation would not pay; then at most one sequence *probes*,
    drafting to keep the policy's acceptance and drafting-time estimates current, in a
    forward of its own when that is cheaper); a sequence whose draft model would first have to
@@ -52,7 +52,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from specgraft.batch.budget import BudgetPolicy, FixedBudget, StepPlan
+from specgraft.budget.policy import BudgetPolicy, FixedBudget, StepPlan
 from specgraft.config import GenerationConfig
 from specgraft.engine import SequenceState, SpecEngine
 from specgraft.types import GenerationStats
@@ -93,7 +93,7 @@ class BatchStepStats:
     """Batched steps run (one target forward each; two for a split step)."""
     probe_steps: int = 0
     """Steps in which one sequence drafted while the batch decoded plainly (the policy's
-    warm-up and exploration, :class:`~specgraft.batch.budget.StepPlan`)."""
+    warm-up and exploration, :class:`~specgraft.budget.policy.StepPlan`)."""
     split_steps: int = 0
     """Steps run as two forwards, the drafting sequences apart from the plain ones
     (``BudgetPolicy.split_pays``)."""

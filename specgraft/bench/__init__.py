@@ -24,7 +24,7 @@ _EXPORTS = {
     "self_repetition": "repetition",
     "summarize": "summary",
     "write_report": "report",
-    "BenchConfig": "runner",
+    "BenchConfig": "config",
     "run_benchmark": "runner",
 }
 

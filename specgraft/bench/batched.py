@@ -58,8 +58,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specgraft.batch import AdaptiveBudget, CostTable
-from specgraft.models.hf import attention_backends
+from specgraft.budget.adaptive import AdaptiveBudget
+from specgraft.budget.costs import CostTable
+from specgraft.models.device import attention_backends
 from specgraft.types import GenerationStats
 
 

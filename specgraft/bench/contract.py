@@ -19,7 +19,7 @@ from typing import Any, Protocol, Sequence
 
 from specgraft.api import SpecDecoder
 from specgraft.config import GenerationConfig
-from specgraft.models.hf import synchronize
+from specgraft.models.base import synchronize
 from specgraft.types import GenerationStats
 
 

@@ -25,7 +25,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specgraft.bench.contract import MethodRun
-from specgraft.models.hf import attention_backends, synchronize
+from specgraft.models.base import synchronize
+from specgraft.models.device import attention_backends
 
 PROMPT_LOOKUP_NUM_TOKENS = 10
 

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from specgraft.files import drop_partial_last_line
+
 RESULTS_FILE = "results.jsonl"
 #: Method name of the second ``ar`` run on the same input (the runner's ``bracket`` option).
 AR_END = "ar-end"
@@ -82,16 +84,6 @@ def append_row(path: Path, row: ResultRow) -> None:
         f.write(row.to_json() + "\n")
         f.flush()
         os.fsync(f.fileno())
-
-
-def drop_partial_last_line(path: Path) -> bool:
-    """Cut a last line without its newline (a write interrupted by a kill) off a JSONL file, so
-    reading and appending start clean; whether there was one."""
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return False
-    path.write_bytes(data[: data.rfind(b"\n") + 1])
-    return True
 
 
 def read_rows(path: Path, repair: bool = False) -> list[ResultRow]:

@@ -30,6 +30,7 @@ from specgraft.calibration.io import CALIBRATED_VARIANTS, Calibration, load_cali
 from specgraft.calibration.record import record_steps
 from specgraft.calibration.warmup import warm_up_matrix
 from specgraft.composers.graft import GraftComposer, GraftConfig, StagePlanner
+from specgraft.methods.graft import graft_config
 from specgraft.drafters.base import Learning
 from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig
 from specgraft.drafters.graft_retrieval import GraftRetrieval
@@ -80,10 +81,10 @@ def run_calibration(
         warm_up_matrix(target, tokenizer, warm_records, matrix, chat=chat, progress=progress)
     config = DraftTreeConfig(depth=depth, top_k=top_k, checkpoints=checkpoints)
     drafter = DraftModelDrafter(draft_model, config, target_vocab=target.vocab_size)
-    composers = {v: GraftComposer(GraftConfig(variant=v, k=matrix.k)) for v in variants}
+    composers = {v: GraftComposer(graft_config(v, k=matrix.k)) for v in variants}
     # the envelope is graft's; graft-prune alone still refreshes the matrix through it. The
     # matrix keeps learning across the calibration prompts (the warm-up's state, shared)
-    retrieval = GraftRetrieval(target.vocab_size, StagePlanner(GraftConfig(variant="graft", k=matrix.k)), matrix, Learning.SHARED)
+    retrieval = GraftRetrieval(target.vocab_size, StagePlanner(graft_config("graft", k=matrix.k)), matrix, Learning.SHARED)
     t_verify_by_nodes = measure_verify_s(target, prompts[0], budget)
     rec = record_steps(target, drafter, retrieval, composers, prompts, max_new_tokens, budget, progress=progress)
     if not rec.confidences:

@@ -2,7 +2,7 @@
 
 A CPU pays a few percent of a decode step per extra row of a verify pass, a GPU almost nothing
 up to tens of rows; thresholds and tree shapes are chosen from these measured times, never
-from constants. Timings are synchronised on CUDA (``models/hf.synchronize``).
+from constants. Timings are synchronised on CUDA (``models.base.synchronize``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from typing import Sequence
 
 from specgraft.models.base import TargetModel
-from specgraft.models.hf import synchronize
+from specgraft.models.base import synchronize
 from specgraft.types import DraftTree
 
 

@@ -139,6 +139,12 @@ class UnionDrafter(StatelessDrafter):
         self.drafter.end(state.draft)
         self.retrieval.end(state.retrieval)
 
+    def pending_prefill(self, state: _UnionState, context: Sequence[int]) -> int:
+        return self.drafter.pending_prefill(state.draft, context)
+
+    def catch_up(self, state: _UnionState) -> tuple[int, float]:
+        return self.drafter.catch_up(state.draft)
+
     def propose(self, state: _UnionState, context: Sequence[int], budget: int) -> Draft:
         pool = state.pool = self.drafter.draft_pool(state.draft, context)
         self.rec.draft_forward_s += state.draft.forward_s

@@ -17,7 +17,8 @@ from specgraft.cli.batch import bench_serve, profile
 from specgraft.cli.bench import bench, report
 from specgraft.cli.calibrate import calibrate
 from specgraft.cli.datastore import datastore_app
-from specgraft.cli.generate import DEMO_MODEL, DEMO_PROMPT, demo, err, generate, run_generate
+from specgraft.cli.generate import DEMO_PROMPT, demo, generate, run_generate
+from specgraft.cli.options import DEMO_MODEL, err
 from specgraft.cli.models import models_app, warmup
 from specgraft.cli.serve import serve
 from specgraft.cli.tune import tune

@@ -41,9 +41,12 @@ def profile(
     """Measure one target forward of B x n rows for every batch size B and row count n: the cost table that budgets and cuts read."""
     from rich.console import Console
 
-    from specgraft.batch.profile import measure_costs, table_name, user_cost_dir
-    from specgraft.cli.generate import set_threads
-    from specgraft.models.hf import HFTarget, load_causal_lm, resolve_device
+    from specgraft.budget.costs import table_name, user_cost_dir
+    from specgraft.budget.profile import measure_costs
+    from specgraft.cli.options import set_threads
+    from specgraft.models.device import resolve_device
+    from specgraft.models.hf import HFTarget
+    from specgraft.models.loading import load_causal_lm
     from specgraft.models.resolve import load_errors, resolve_model
 
     console = Console(stderr=True)
@@ -111,10 +114,10 @@ def bench_serve(
     from rich.console import Console
 
     from specgraft.api import SpecDecoder
-    from specgraft.batch import CostTable
+    from specgraft.budget.costs import CostTable
     from specgraft.bench.batched import bench_batches, resolve_warmup, write_rows
     from specgraft.bench.environment import environment
-    from specgraft.cli.generate import cost_table_value, set_threads
+    from specgraft.cli.options import cost_table_value, set_threads
     from specgraft.methods import GraftOptions, MethodOptions, get_method
     from specgraft.suites import load_suite
 
@@ -127,7 +130,7 @@ def bench_serve(
             raise ValueError(f"method {name} needs --draft-model")
     set_threads(threads)
     graft = GraftOptions(draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant) if draft_model else GraftOptions()
-    # the same table gives each method's default budget (methods/device_budget.py) and each batch size's
+    # the same table gives each method's default budget (budget/defaults.py) and each batch size's
     # a bad cost table or recycling state path fails here
     options = MethodOptions(graft=graft, cost_table=cost_table_value(cost_table or "auto"), recycling_state=recycling_state)
     ar = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device, options=options)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.generate import BACKEND, COST_TABLE, ROW_COST, STRICT, check_seed, draft_quant_option, resolve_cost_table, row_cost_value
+from specgraft.cli.options import BACKEND, COST_TABLE, ROW_COST, STRICT, check_seed, draft_quant_option, resolve_cost_table, row_cost_value
 from specgraft.methods import method_names  # imports no torch
 
 
@@ -135,8 +135,9 @@ def bench(
     ),
 ) -> None:
     """Benchmark methods against plain decoding, Hugging Face generate and llama.cpp on real prompt sets."""
-    from specgraft.bench.runner import BenchConfig, run_benchmark
-    from specgraft.cli.generate import split_paths
+    from specgraft.bench.config import BenchConfig
+    from specgraft.bench.runner import run_benchmark
+    from specgraft.cli.options import split_paths
     from specgraft.models.backends import resolve_backend
 
     resolved = resolve_backend(backend, model)

@@ -22,7 +22,7 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.generate import CHAT_RECORDS, draft_quant_option
+from specgraft.cli.options import CHAT_RECORDS, draft_quant_option
 
 #: The presets as ``--preset``'s help describes them (``tests/test_calibrate_cli.py`` checks
 #: this against ``drafters.draft_model.PRESETS``, which this module does not import: torch).
@@ -85,10 +85,10 @@ def calibrate(
     from specgraft.api import SpecDecoder
     from specgraft.calibration import CALIBRATED_VARIANTS, run_calibration, save_calibration, thresholds_table
     from specgraft.calibration.corpus import benchmark_turns, read_task_corpus, split_corpus
-    from specgraft.cli.generate import chat_mode, prompt_format, resolve_dtype, set_threads
+    from specgraft.cli.options import chat_mode, prompt_format, resolve_dtype, set_threads
     from specgraft.drafters.draft_model import check_vocab, get_preset
     from specgraft.methods import GraftOptions, preset_budget
-    from specgraft.models.hf import resolve_device
+    from specgraft.models.device import resolve_device
     from specgraft.models.loading import load_draft_model
     from specgraft.models.quant import resolve_draft_quant
 

@@ -102,7 +102,7 @@ def datastore_generate(
     --out answers.jsonl --draft-model qwen2.5-coder-0.5b-instruct`, then
     `specgraft datastore build -m qwen2.5-coder-1.5b-instruct --corpus answers.jsonl --out DIR`.
     """
-    from specgraft.cli.generate import method_options, set_threads
+    from specgraft.cli.options import method_options, set_threads
     from specgraft.methods import default_method, get_method
     from specgraft.retrieval.answers import generate_answers
     from specgraft.retrieval.corpus import ExcludeFilter

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.generate import CHAT_RECORDS, err, out
+from specgraft.cli.options import CHAT_RECORDS, err, out
 
 models_app = typer.Typer(no_args_is_help=True, help="List and pull the offline model catalog.")
 
@@ -59,7 +59,7 @@ def warmup(
     """Fill a Token Recycling successor matrix from a corpus, for `--recycling-state`."""
     from specgraft.api import SpecDecoder
     from specgraft.calibration.corpus import read_corpus
-    from specgraft.cli.generate import chat_mode, prompt_format
+    from specgraft.cli.options import chat_mode, prompt_format
     from specgraft.calibration.warmup import warm_up_matrix
     from specgraft.drafters.recycling import SuccessorMatrix
 

@@ -7,16 +7,12 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.generate import (
-    BACKEND, CALIBRATION, DATASTORE, DEVICE, DRAFT_COPY_AHEAD, DRAFT_DEPTH, DRAFT_EXTEND, DRAFT_MODEL, DRAFT_ROW_COST,
-    DRAFT_STOP_MIN, DRAFT_TOP_K, DTYPE, LEARNING, PRESET, READER_SHAPE, RECYCLING_STATE, ROW_COST, STRICT, THREADS,
-    _method_help, draft_quant_option, err, method_options, resolve_model_dtype, row_cost_value, set_threads,
-)
+from specgraft.cli.options import BACKEND, CALIBRATION, DATASTORE, DEVICE, DRAFT_COPY_AHEAD, DRAFT_DEPTH, DRAFT_EXTEND, DRAFT_MODEL, DRAFT_ROW_COST, DRAFT_STOP_MIN, DRAFT_TOP_K, DTYPE, LEARNING, PRESET, READER_SHAPE, RECYCLING_STATE, ROW_COST, STRICT, THREADS, method_help, draft_quant_option, err, method_options, resolve_model_dtype, row_cost_value, set_threads
 
 
 def serve(
     model: str = typer.Option(..., "--model", "-m", help="Catalog name, local directory, Hugging Face id or .gguf file."),
-    method: Optional[str] = typer.Option(None, help=_method_help()),
+    method: Optional[str] = typer.Option(None, help=method_help()),
     max_batch: int = typer.Option(8, "--max-batch", help="Sequences decoded together, one target forward per step."),
     max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting for a place in the batch; one more gets 429."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
@@ -62,7 +58,8 @@ def serve(
 ) -> None:
     """Serve a model over OpenAI's completions and chat completions API (continuous batching)."""
     from specgraft.api import SpecDecoder
-    from specgraft.batch import AdaptiveBudget, CostTable
+    from specgraft.budget.adaptive import AdaptiveBudget
+    from specgraft.budget.costs import CostTable
     from specgraft.methods import default_method, get_method
     from specgraft.serve import ServerConfig, create_app
     from specgraft.serve.run import server
@@ -93,7 +90,7 @@ def serve(
         model, method=method, dtype=dtype, device=device, options=options, backend=backend, threads=threads, strict=strict
     )
     # the decoder resolved `auto` to this model's table on its device: the same table gives the
-    # default budget (methods/device_budget.py) and each batch size's budget (AdaptiveBudget)
+    # default budget (budget/defaults.py) and each batch size's budget (AdaptiveBudget)
     cost_table = decoder.options.cost_table
     table = CostTable.load(cost_table) if cost_table else None
     # the method's measured gains are the policy's prior (the generic one for a method without them)

@@ -41,10 +41,10 @@ def tune(
     from rich.console import Console
 
     from specgraft.api import SpecDecoder
-    from specgraft.bench.runner import conversation_ids
+    from specgraft.suites import conversation_ids
     from specgraft.calibration.costs import measure_verify_s
     from specgraft.calibration.reader_shape import SlotRecord, save_shape, search_shape
-    from specgraft.cli.generate import split_paths
+    from specgraft.cli.options import split_paths
     from specgraft.config import GenerationConfig
     from specgraft.drafters.reader_retrieval import ReaderConfig
     from specgraft.methods import GraftOptions, MethodOptions

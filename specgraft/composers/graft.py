@@ -73,15 +73,25 @@ RETRIEVAL_SOURCE = "retrieval"
 PAPER_BUDGET = 60
 PAPER_DRAFT_NODES = (8, 24, 40)
 
-VARIANTS = ("draft-tree", "graft-prune", "graft-fixed", "graft-root", "graft-tail", "graft")
-_GATED = {"graft-prune", "graft"}
-_RETRIEVAL = {"graft": "root", "graft-fixed": "root", "graft-root": "root", "graft-tail": "tail"}
+#: How a variant picks the split between drafted and retrieved nodes at each step (:class:`GraftConfig`).
+SPLITS = ("checkpoint", "fixed", "branch")
+#: Where retrieved nodes hang.
+RETRIEVALS = (None, "root", "tail")
 
 
 @dataclass(frozen=True)
 class GraftConfig:
     variant: str = "graft"
-    """One of ``VARIANTS``."""
+    """The method's name, for messages and records (its behaviour is the fields below:
+    ``methods/graft.py``'s ``graft_config`` sets them per variant)."""
+    gated: bool = True
+    """The drafter stops at confidence checkpoints and the released budget is grafted."""
+    retrieval: str | None = "root"
+    """Where retrieved nodes hang: ``"root"``, ``"tail"`` or None (no retrieval)."""
+    split: str = "checkpoint"
+    """The drafted/retrieved split of each step: the stage of the checkpoint the drafter stopped
+    at (``"checkpoint"``), or always ``fixed_stage``'s (``"fixed"``) or ``branch_stage``'s
+    (``"branch"``)."""
     draft_shares: tuple[float, ...] = tuple(n / PAPER_BUDGET for n in PAPER_DRAFT_NODES)
     """``K_draft(s) / K`` for each stage (one per pruning checkpoint, shallowest first)."""
     stage_templates: tuple[tuple[int, ...], ...] = (STAGE_TEMPLATES["d0"], STAGE_TEMPLATES["d1"], STAGE_TEMPLATES["d5"])
@@ -100,8 +110,8 @@ class GraftConfig:
     verify pass costs a few percent of a step, and a 0.4% node is not worth one. 0 = fill to K."""
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"unknown Graft variant {self.variant!r}; choose one of {', '.join(VARIANTS)}")
+        if self.split not in SPLITS or self.retrieval not in RETRIEVALS:
+            raise ValueError(f"split must be one of {SPLITS} and retrieval one of {RETRIEVALS}, got {self.split!r}, {self.retrieval!r}")
         if len(self.draft_shares) != len(self.stage_templates):
             raise ValueError(f"{len(self.draft_shares)} draft shares for {len(self.stage_templates)} stage templates")
         if any(not 0.0 <= s <= 1.0 for s in self.draft_shares):
@@ -115,20 +125,9 @@ class GraftConfig:
             raise ValueError(f"refill_min_prior must lie in [0, 1), got {self.refill_min_prior}")
 
     @property
-    def gated(self) -> bool:
-        """Whether the drafter stops at confidence checkpoints in this variant."""
-        return self.variant in _GATED
-
-    @property
-    def retrieval(self) -> str | None:
-        """Where retrieved nodes hang: ``"root"``, ``"tail"`` or None (no retrieval)."""
-        return _RETRIEVAL.get(self.variant)
-
-    @property
     def fixed(self) -> int | None:
-        """The stage used at every step by the fixed-split variants, else None."""
-        fixed = {"graft-fixed": self.fixed_stage, "graft-root": self.branch_stage, "graft-tail": self.branch_stage}
-        return fixed.get(self.variant)
+        """The stage whose split every step uses (``split`` fixed or branch), else None."""
+        return {"fixed": self.fixed_stage, "branch": self.branch_stage}.get(self.split)
 
 
 @dataclass(frozen=True)
@@ -327,4 +326,4 @@ class GraftComposer:
         return Draft(source=RETRIEVAL_SOURCE, tokens=toks, parents=pars, anchor=tuple(kept.tokens[i] for i in path))
 
 
-__all__ = ["BudgetPlan", "GraftComposer", "GraftConfig", "StagePlanner", "VARIANTS", "plan_budget", "retrieval_part"]
+__all__ = ["BudgetPlan", "GraftComposer", "GraftConfig", "StagePlanner", "plan_budget", "retrieval_part"]

@@ -55,6 +55,15 @@ class Learning(str, enum.Enum):
 class Drafter(Protocol):
     name: ClassVar[str]
     needs_hidden: ClassVar[bool]
+    """Whether :meth:`observe` reads the target's hidden states (``StepResult.hidden``)."""
+    hidden_layer: int | None
+    """Which layer's hidden states it reads (None: the final layer's, after the final norm)."""
+    prefill_optional: ClassVar[bool]
+    """Its prefill request is optional work (Token Recycling's prompt top-k): a sequence expected
+    to decode plainly starts without it (``SpecEngine.start(speculative=False)``)."""
+    deferred_prefill: ClassVar[bool]
+    """It can take the hidden states it asked of the prefill with the first step's forward, so a
+    short prompt may ride in that forward (``SpecEngine.start``'s fused start)."""
 
     def prefill_request(self) -> PrefillRequest:
         """What :meth:`begin` wants from the target's prefill of the prompt."""
@@ -67,6 +76,18 @@ class Drafter(Protocol):
     def propose(self, state: Any, context: Sequence[int], budget: int) -> Draft:
         """Candidates for the tokens after ``context[-1]`` (the root), at most ``budget`` nodes."""
 
+    def propose_batch(self, states: Sequence[Any], contexts: Sequence[Sequence[int]], budgets: Sequence[int]) -> list[Draft]:
+        """:meth:`propose` for several sequences, each draft the one it would get alone (a draft
+        model drafts them all in one forward per layer)."""
+
+    def pending_prefill(self, state: Any, context: Sequence[int]) -> int:
+        """Tokens the next proposal would prefill apart before drafting (a draft model's catch-up:
+        the prompt at its first proposal, or a long backlog); 0 for drafters without that cost."""
+
+    def catch_up(self, state: Any) -> tuple[int, float]:
+        """Tokens and seconds the last proposal spent on such a catch-up prefill: the engine
+        counts them as the sequence's prefill, not as drafting."""
+
     def observe(self, state: Any, step: StepResult) -> None:
         """Learn from a verify pass (accepted and rejected nodes, target logits)."""
 
@@ -75,24 +96,33 @@ class Drafter(Protocol):
 
 
 class StatelessDrafter:
-    """Defaults for drafters with nothing to ask of the prefill and nothing to free."""
+    """Defaults for drafters with nothing to ask of the prefill, nothing to free, no batched
+    drafting and no catch-up prefill."""
 
     needs_hidden: ClassVar[bool] = False
+    hidden_layer: int | None = None
     prefill_optional: ClassVar[bool] = False
     deferred_prefill: ClassVar[bool] = False
 
     def prefill_request(self) -> PrefillRequest:
         return PrefillRequest()
 
+    def propose_batch(self, states: Sequence[Any], contexts: Sequence[Sequence[int]], budgets: Sequence[int]) -> list[Draft]:
+        return [self.propose(s, c, n) for s, c, n in zip(states, contexts, budgets, strict=True)]  # type: ignore[attr-defined]
+
+    def pending_prefill(self, state: Any, context: Sequence[int]) -> int:
+        return 0
+
+    def catch_up(self, state: Any) -> tuple[int, float]:
+        return 0, 0.0
+
     def end(self, state: Any) -> None:
         pass
 
 
 def propose_all(drafter: Drafter, states: Sequence[Any], contexts: Sequence[Sequence[int]], budgets: Sequence[int]) -> list[Draft]:
-    """``drafter.propose`` for several sequences: in one call when the drafter has
-    ``propose_batch`` (a draft model drafts for all of them in one forward per layer), else one
-    sequence after another. Each sequence's draft is the one it would get alone."""
-    batch = getattr(drafter, "propose_batch", None)
-    if batch is not None and len(states) > 1:
-        return list(batch(states, contexts, budgets))
+    """``drafter.propose`` for one sequence, ``propose_batch`` for several (a draft model drafts
+    for all of them in one forward per layer). Each sequence's draft is the one it would get alone."""
+    if len(states) > 1:
+        return list(drafter.propose_batch(states, contexts, budgets))
     return [drafter.propose(s, c, n) for s, c, n in zip(states, contexts, budgets, strict=True)]

@@ -61,7 +61,7 @@ class GraftOptions:
     preset: str = "cpu"
     """``cpu`` (depth 4, top-k 2, checkpoints 0/1/2, budget 8; ``draft-tree`` 16 with long chains,
     :func:`long_chains`) or ``gpu`` (the paper: depth 8,
-    top-k 10, checkpoints 0/1/5, budget 60); see ``PRESETS`` in ``drafters/draft_model.py``. A
+    top-k 10, checkpoints 0/1/5, budget 60); see ``PRESETS`` in ``drafters/draft_model/``. A
     generation that gives no budget verifies the preset's (:func:`preset_budget`)."""
     depth: int | None = None
     """Override the preset's draft depth (draft forwards per step)."""
@@ -127,8 +127,36 @@ class GraftOptions:
             object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
 
 
+#: What each variant does (Graft section 4 and its ablations): whether the drafter stops at
+#: calibrated checkpoints, where retrieved nodes hang, and which drafted/retrieved split a step
+#: uses (:class:`~specgraft.composers.graft.GraftConfig`).
+GRAFT_BEHAVIOUR: dict[str, dict[str, Any]] = {
+    "draft-tree": {"gated": False, "retrieval": None, "split": "checkpoint"},
+    "graft-prune": {"gated": True, "retrieval": None, "split": "checkpoint"},
+    "graft-fixed": {"gated": False, "retrieval": "root", "split": "fixed"},
+    "graft-root": {"gated": False, "retrieval": "root", "split": "branch"},
+    "graft-tail": {"gated": False, "retrieval": "tail", "split": "branch"},
+    "graft": {"gated": True, "retrieval": "root", "split": "checkpoint"},
+}
+
+
+def graft_config(variant: str, **fields: Any):
+    """The :class:`~specgraft.composers.graft.GraftConfig` of ``variant`` (``fields`` override
+    the others, e.g. ``k``); ``ValueError`` for an unknown variant.
+
+    >>> c = graft_config("graft-tail", k=4)
+    >>> c.gated, c.retrieval, c.fixed, c.k
+    (False, 'tail', 2, 4)
+    """
+    from specgraft.composers.graft import GraftConfig
+
+    if variant not in GRAFT_BEHAVIOUR:
+        raise ValueError(f"unknown Graft variant {variant!r}; choose one of {', '.join(GRAFT_BEHAVIOUR)}")
+    return GraftConfig(variant=variant, **GRAFT_BEHAVIOUR[variant], **fields)
+
+
 def long_chains(variant: str, options: GraftOptions) -> bool:
-    """Whether ``variant`` drafts long chains (*Long chains* in ``drafters/draft_model.py``): its
+    """Whether ``variant`` drafts long chains (*Long chains* in ``drafters/draft_model/``): its
     preset has a ``long_budget``, it is ``draft-tree`` (the ungated tree; the Graft variants
     share their budget with gates and retrieval, calibrated at ``budget``) and ``options`` set
     no extension of their own (an explicit ``extend`` drafts the plain tree of that extension).
@@ -176,9 +204,7 @@ def with_sampled_drafts(options: GraftOptions, temperature: float) -> GraftOptio
 def reads_calibration(variant: str) -> bool:
     """Whether ``variant`` uses a calibration: its thresholds (gated variants) or its warmed-up
     successor matrix (retrieval variants). ``draft-tree`` has neither and ignores the file."""
-    from specgraft.composers.graft import GraftConfig
-
-    config = GraftConfig(variant=variant)
+    config = graft_config(variant)
     return config.gated or config.retrieval is not None
 
 
@@ -202,9 +228,7 @@ def check_graft_options(variant: str, options: GraftOptions, draft_model: nn.Mod
 
 def uses_calibrated_thresholds(variant: str, options: GraftOptions) -> bool:
     """Whether ``variant`` gates on the calibration file's thresholds (gated, file given, no override)."""
-    from specgraft.composers.graft import GraftConfig
-
-    return GraftConfig(variant=variant).gated and bool(options.calibration) and options.thresholds is None
+    return graft_config(variant).gated and bool(options.calibration) and options.thresholds is None
 
 
 def run_draft_settings(options: GraftOptions) -> dict[str, Any]:
@@ -361,15 +385,15 @@ def build_graft_method(
     before building. ``learning`` is ``MethodOptions.learning`` (the successor matrix's policy).
     """
     from specgraft.calibration.io import load_calibration
-    from specgraft.composers.graft import VARIANTS, GraftComposer, GraftConfig, StagePlanner
+    from specgraft.composers.graft import GraftComposer, GraftConfig, StagePlanner
     from specgraft.drafters.base import Learning
     from specgraft.drafters.draft_model import DraftModelDrafter, get_preset
     from specgraft.drafters.graft_retrieval import GraftRetrieval
     from specgraft.drafters.recycling import SuccessorMatrix
     from specgraft.models.loading import load_draft_model
 
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown Graft variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    if variant not in GRAFT_BEHAVIOUR:
+        raise ValueError(f"unknown Graft variant {variant!r}; choose one of {', '.join(GRAFT_BEHAVIOUR)}")
     vocab = target.vocab_size
     if draft_model is None:
         require_draft_model(variant, options, draft_model)
@@ -389,7 +413,7 @@ def build_graft_method(
             if warning:
                 print(warning, file=sys.stderr)
     k = calibration.matrix.k if calibration is not None else GraftConfig().k
-    config = GraftConfig(variant=variant, k=k)
+    config = graft_config(variant, k=k)
     checkpoints = preset.checkpoints[: len(config.draft_shares)]
     thresholds = gate_thresholds(variant, options, calibration) if config.gated else None
     draft_config = draft_tree_config(variant, options, checkpoints if config.gated else (), thresholds)

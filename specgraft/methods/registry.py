@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import specgraft.methods.model_free as model_free
-from specgraft.methods.graft import GRAFT_METHODS, GraftOptions, build_from_method_options, check_graft_options, require_draft_model
+from specgraft.methods.graft import (
+    GRAFT_METHODS, GraftOptions, build_from_method_options, check_calibration_budget, check_graft_options, require_draft_model,
+)
 from specgraft.methods.reader import READER_METHODS, build_reader, reader_shape, reads_datastores
 
 if TYPE_CHECKING:
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from specgraft.models.base import TargetModel
 
 #: Nodes verified per step when the user gives no budget and no cost table applies, and the
-#: anchor a derived budget moves from (``methods/device_budget.py``); every run records the budget
+#: anchor a derived budget moves from (``budget/defaults.py``); every run records the budget
 #: it used.
 #: Measured on the 2-core AVX2 host (fp32, prepacked oneDNN linears), where a 1.5B verify pass
 #: costs ~0.37 s for one row, 0.42 s for 2, 0.55 s for 4, 0.64 s for 8 and 0.85 s for 16, so a
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
 #:   1.33 on mt_bench / summarization / math against 1.07 / 1.42 / 1.21 at budget 2, in about the
 #:   same time; the row-cost model rates budgets 2-4 alike.
 #: - ``ptd``: 8 (mt_bench 0.94x, MAT 1.25; 0.87x at 4, 0.78x at 12).
-#: - draft-model methods: their preset's budget (cpu: 8, ``drafters/draft_model.py``); ``draft-tree``
+#: - draft-model methods: their preset's budget (cpu: 8, ``drafters/draft_model/``); ``draft-tree``
 #:   its preset's ``long_budget`` (cpu: 16, a cap: past 8 nodes only confident ones, *Long chains*).
 #:
 #: On a GPU, where verifying 60 nodes costs about one step, pass the papers' budgets
@@ -146,9 +148,9 @@ class MethodOptions:
     alone (``tree.paths.cost_aware_subset``); it overrides ``pld.row_cost`` and ``adapld.row_cost``."""
     cost_table: str | None = "auto"
     """Cost table (``specgraft profile``) that default budgets are derived from
-    (``methods/device_budget.py``): a path; ``"auto"``, resolved by :class:`~specgraft.api.SpecDecoder`
+    (``budget/defaults.py``): a path; ``"auto"``, resolved by :class:`~specgraft.api.SpecDecoder`
     and the bench to the measured or shipped table of the model on its device
-    (``batch.profile.find_cost_table``), or None when there is none; None keeps the fixed
+    (``budget.costs.find_cost_table``), or None when there is none; None keeps the fixed
     ``DEFAULT_BUDGETS``. A generation that gives a budget uses it whatever this says."""
     learning: str = "request"
     """What a request learns (PLD's copy rates, the successor matrix of ``recycling`` and the
@@ -185,6 +187,16 @@ class MethodSpec:
     needs_hidden_states: bool = False
     """Whether its drafters read the target's hidden states and input embeddings (AdaPLD's
     semantic fallback and reranking), which only the ``hf`` backend returns."""
+    reads_datastores: bool = False
+    """Whether it searches ``MethodOptions.datastores`` (READER's variants with a datastore)."""
+    budget_check: Callable[[MethodOptions, int], None] | None = None
+    """``ValueError`` for a budget the method cannot run at under these options (a gated Graft
+    variant whose calibrated thresholds were fitted at another budget); None: any budget."""
+
+    def check_budget(self, options: MethodOptions, budget: int) -> None:
+        """``ValueError`` when the method cannot verify ``budget`` nodes under ``options``."""
+        if self.budget_check is not None:
+            self.budget_check(options, budget)
 
     def check_backend(self, backend: str) -> None:
         """``ValueError`` when the method cannot run on ``backend`` (``hf`` or ``llamacpp``).
@@ -213,8 +225,12 @@ class MethodSpec:
             check_graft_options(self.name, options.graft, draft_model)
 
 
-def _spec(name: str, summary: str, build: Build, needs_draft_model: bool = False, needs_hidden_states: bool = False) -> MethodSpec:
-    return MethodSpec(name, summary, build, DEFAULT_BUDGETS[name], needs_draft_model, needs_hidden_states)
+def _spec(name: str, summary: str, build: Build, **capabilities: Any) -> MethodSpec:
+    return MethodSpec(name, summary, build, DEFAULT_BUDGETS[name], **capabilities)
+
+
+def _graft_budget_check(variant: str) -> Callable[[MethodOptions, int], None]:
+    return lambda options, budget: check_calibration_budget(variant, options.graft, budget)
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -235,10 +251,13 @@ METHODS: dict[str, MethodSpec] = {
             for name, (summary, _) in model_free.ADAPLD_METHODS.items()
         ),
         *(
-            _spec(name, summary, partial(build_from_method_options, name), needs_draft_model=True)
+            _spec(name, summary, partial(build_from_method_options, name), needs_draft_model=True, budget_check=_graft_budget_check(name))
             for name, summary in GRAFT_METHODS.items()
         ),
-        *(_spec(name, summary, partial(build_reader, name), needs_draft_model=True) for name, (summary, _, _) in READER_METHODS.items()),
+        *(
+            _spec(name, summary, partial(build_reader, name), needs_draft_model=True, reads_datastores=reads_datastores(name))
+            for name, (summary, _, _) in READER_METHODS.items()
+        ),
     )
 }
 assert set(METHODS) == set(DEFAULT_BUDGETS), f"default budgets for {sorted(DEFAULT_BUDGETS)}, methods {sorted(METHODS)}"
@@ -301,7 +320,7 @@ PROMPT_LOOKUP_METHODS = frozenset({"pld", *model_free.ADAPLD_METHODS})
 
 
 def derived_budget(name: str, options: MethodOptions):
-    """:class:`~specgraft.methods.device_budget.DerivedBudget` of ``name`` from
+    """:class:`~specgraft.budget.defaults.DerivedBudget` of ``name`` from
     ``options.cost_table``, or None where the fixed default applies: no table (None, or
     ``"auto"`` not resolved yet), prompt lookup (``PROMPT_LOOKUP_METHODS``: its cut decides the
     rows of each step), no measured gains for the method (``ar``, READER), or a
@@ -311,8 +330,9 @@ def derived_budget(name: str, options: MethodOptions):
     if options.cost_table in (None, "auto") or name in READER_METHODS:
         return None
 
-    from specgraft.batch.budget import CostTable
-    from specgraft.methods.device_budget import derive_budget, gains_meta
+    from specgraft.budget.costs import CostTable
+    from specgraft.budget.acceptance import gains_meta
+    from specgraft.budget.defaults import derive_budget
 
     if name in PROMPT_LOOKUP_METHODS:
         CostTable.load(options.cost_table)  # a broken table is an error, whatever the method

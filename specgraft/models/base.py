@@ -1,4 +1,5 @@
-"""The interface the engine and the draft-model drafter need from a model: :class:`HFTarget`'s.
+"""The interface the engine and the draft-model drafter need from a model: what
+:class:`~specgraft.models.hf.HFTarget` and :class:`~specgraft.models.llamacpp.LlamaCppTarget` offer.
 
 A model serves many sequences, one cache slot each. Rows fed to a slot are *pending* until
 :meth:`TargetModel.commit` keeps a chain of them (the accepted path) or :meth:`discard` drops
@@ -18,6 +19,17 @@ class TargetModel(Protocol):
     vocab_size: int
     max_positions: int
     device: torch.device
+    name: str
+    prefill_chunk: int
+    """Rows per prefill forward (``SpecEngine.fused_head`` fuses a long prompt's last partial chunk)."""
+    fill_outputs: bool
+    """Whether ``forward_batch(fill_outputs=True)`` returns a fused start's prompt rows' hidden states."""
+    batched_prefill: bool
+    """Whether :meth:`prefill_batch` prefills several prompts in one forward (a GPU) or not."""
+    cost_device: str
+    """What its cost tables are filed under (``budget.costs.table_name``)."""
+    threads: int
+    """CPU threads its forwards run on."""
 
     def allocate(self) -> int:
         """A new, empty slot for one sequence."""
@@ -34,8 +46,9 @@ class TargetModel(Protocol):
     def prefill(self, slot: int, tokens: Sequence[int], request: PrefillRequest = PrefillRequest()) -> PrefillOutput:
         """Commit ``tokens`` to ``slot`` (causal attention); return what ``request`` asks for."""
 
-    # optional: ``batched_prefill`` (bool) and ``prefill_batch(slots, token_lists)``, several
-    # prompts prefilled in one forward (``SpecEngine.start_many`` uses them when present)
+    def prefill_batch(self, slots: Sequence[int], token_lists: Sequence[Sequence[int]]) -> None:
+        """:meth:`prefill` of each list into its slot in one forward per chunk (used when
+        :attr:`batched_prefill`; ``SpecEngine.start_many``)."""
 
     def forward_rows(
         self,
@@ -60,12 +73,20 @@ class TargetModel(Protocol):
         output_hidden: bool = False,
         hidden_layer: int | None = None,
         logits_from: Sequence[int] | None = None,
+        fill_outputs: bool = False,
     ) -> list[RowsOutput]:
         """:meth:`forward_rows` for several slots (distinct, any order) in one forward; slot
-        ``b``'s outputs start at its row ``logits_from[b]`` (default 0: every row's)."""
+        ``b``'s outputs start at its row ``logits_from[b]`` (default 0: every row's);
+        ``fill_outputs``: also the hidden states of the rows before it (:attr:`fill_outputs`)."""
 
     def commit(self, slot: int, keep_rows: Sequence[int]) -> None:
         """Keep the pending rows ``keep_rows`` (a chain from the first pending row), drop the rest."""
 
     def discard(self, slot: int) -> None:
         """Drop the pending rows of ``slot``."""
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a timer read after it measures the work, not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

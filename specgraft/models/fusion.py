@@ -29,7 +29,7 @@ it for the int8 draft). Each output column is the same dot product as before:
   reduction differently for another output width, so in general outputs could differ by
   rounding; the 1.5B target's logits measured equal to the plain layout's bit for bit at 1-16 rows
   (oneDNN, Zen 3). Greedy exactness is against plain decoding with the *same* loaded model, fused
-  as well; ``fuse=False`` in :func:`specgraft.models.hf.load_causal_lm` keeps the plain layout.
+  as well; ``fuse=False`` in :func:`specgraft.models.loading.load_causal_lm` keeps the plain layout.
 
 Measured (AMD EPYC Zen 3, 2 threads, 600 cached tokens, 16 alternating repeats;
 ``benchmarks/experiments/cpu-kernels/measure_fusion.py``): the fp32 1.5B target's forwards 4-9% cheaper at 1 / 4 / 16

@@ -26,174 +26,24 @@ materialising ``[prompt_len, vocab]`` at once.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
-import inspect
-import sys
 import time
 from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from specgraft.cache.slots import SlotCache
-from specgraft.models.attention import PACKED_SDPA, attention_implementation
-from specgraft.models.fusion import fuse_by_default, fuse_projections
+from specgraft.models.base import synchronize
 from specgraft.models.graphs import DecoderGraphs, graphs_by_default
-from specgraft.models.kernels import auto_dtype, use_onednn_linears
 from specgraft.models.lean import LeanDecoder, lean_by_default, lean_decoder
 from specgraft.models.quant import Int8Head, int8_available
-from specgraft.tree.layout import depth_from_mask, host_ancestors, pending_ancestors
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
+from specgraft.models.device import attention_backends
+from specgraft.models.inputs import TreeInputs
+from specgraft.models.loading import cache_kwarg, check_tree_attention, load_causal_lm
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-#: Attention implementations that apply a 4-D additive mask as given (FlashAttention-2/3 read
-#: it as a padding mask, flex attention needs a BlockMask, paged kernels ignore it).
-TREE_MASK_ATTENTION = ("sdpa", PACKED_SDPA, "eager")
-#: SDPA backends of our forwards on a GPU: every one but cuDNN's. cuDNN attention builds an
-#: execution plan for each new (query rows, key length) shape, and a decoding sequence's key
-#: length is new at every step: on an H200 (torch 2.11, bf16) the first generation of a prompt
-#: spent 3.8 s in attention (5.5 s in all), the same generation repeated (plans cached) 0.08 s.
-GPU_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
-
-
-def attention_backends(device: torch.device) -> contextlib.AbstractContextManager:
-    """The SDPA backends our forwards may use on ``device``: on CUDA :data:`GPU_SDPA_BACKENDS`;
-    elsewhere torch's own choice (a no-op context).
-
-    >>> attention_backends(torch.device("cpu"))  # doctest: +ELLIPSIS
-    <contextlib.nullcontext object at ...>
-    """
-    return sdpa_kernel(list(GPU_SDPA_BACKENDS)) if device.type == "cuda" else contextlib.nullcontext()
-
-
-def parse_dtype(name: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
-    """``"bfloat16"``, ``"float32"``, ``"float16"`` or ``"auto"`` (see :func:`kernels.auto_dtype`)."""
-    if isinstance(name, torch.dtype):
-        return name
-    if name == "auto":
-        name = auto_dtype(str(torch.device(device).type))
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose one of auto, {', '.join(sorted(DTYPES))}")
-    return DTYPES[name]
-
-
-def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """``"auto"`` (or None) = ``cuda`` when a GPU is available, else ``cpu``; ``ValueError`` for a
-    device that does not exist here.
-
-    >>> resolve_device("cpu")
-    device(type='cpu')
-    """
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise ValueError(f"unknown device {device!r} ({e})") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} was asked for, but this torch sees no CUDA GPU")
-    return dev
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so a timer read after it measures the work, not its launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def load_causal_lm(
-    name_or_path: str,
-    dtype: str | torch.dtype = "auto",
-    device: str | torch.device = "cpu",
-    fast_kernels: bool = True,
-    fuse: bool | None = None,
-) -> PreTrainedModel:
-    """``AutoModelForCausalLM.from_pretrained`` straight onto ``device`` (``device_map``), with the
-    ``sdpa`` attention the tree mask needs (on CPU its GQA packed rather than copied,
-    ``models/attention.py``), + the q/k/v and gate/up projections fused (``models/fusion.py``;
-    ``fuse``: default ``fast_kernels``, on any device) and, on CPU,
-    oneDNN linears (``models/kernels.py``)."""
-    device = torch.device(device)
-    model = AutoModelForCausalLM.from_pretrained(
-        name_or_path, dtype=parse_dtype(dtype, device), device_map=str(device), attn_implementation=attention_implementation(device)
-    ).eval()
-    if fuse_by_default(fuse, device, fast_kernels):
-        fuse_projections(model)
-    if fast_kernels and device.type == "cpu":
-        use_onednn_linears(model)
-    release_freed_memory()
-    return model
-
-
-def release_freed_memory() -> bool:
-    """Hand the heap memory that loading freed back to the OS (glibc's ``malloc_trim(0)``).
-
-    Loading reads bf16 checkpoints into fp32 tensors and repacks the linears (and the int8 draft
-    quantizes them); glibc keeps the freed staging buffers in the process's heap, so the resident
-    size stays well above what the models hold. Measured on the Zen 3 (1.5B fp32 target through
-    ``SpecDecoder.from_pretrained`` + the int8 0.5B draft): 10.2 GiB resident after loading, 8.2 GiB
-    after the trim, the same after a generation. Returns False where there is no glibc (nothing
-    done), e.g. ``release_freed_memory()`` -> True on Linux.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # musl and other libcs
-        return False
-    gc.collect()
-    trim(0)
-    return True
-
-
-def check_tree_attention(model: PreTrainedModel) -> None:
-    """``ValueError`` naming the model unless its attention takes the 4-D tree mask as given and
-    every layer caches full attention (a sliding-window, chunked or linear-attention layer
-    cannot keep exactly the accepted rows of a tree)."""
-    config = model.config.get_text_config(decoder=True)
-    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-    impl = getattr(config, "_attn_implementation", None) or getattr(model.config, "_attn_implementation", None)
-    if impl not in TREE_MASK_ATTENTION:
-        raise ValueError(
-            f"model {name!r} uses attention implementation {impl!r}, which does not apply a tree mask as given; "
-            f"load it with attn_implementation='sdpa' (or 'eager')"
-        )
-    try:
-        from transformers.cache_utils import get_layer_types_and_kwargs
-
-        layer_types = get_layer_types_and_kwargs(config)[0]
-    except (ImportError, AttributeError):
-        layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    other = sorted({t for t in layer_types if t != "full_attention"})
-    if other:
-        raise ValueError(
-            f"model {name!r} has {', '.join(other)} layers; tree speculation needs full attention in every layer "
-            "(sliding-window, chunked and linear-attention caches cannot drop rejected rows)"
-        )
-    for attr in ("final_logit_softcapping", "logit_scale"):
-        if getattr(config, attr, None) not in (None, 1.0):
-            raise ValueError(f"model {name!r}: models with {attr} are not supported yet")
-
-
-def cache_kwarg(decoder: torch.nn.Module) -> str:
-    """The name under which ``decoder.forward`` takes its KV cache: ``cache`` from the
-    transformers release that renamed it (5.24 accepts both and warns that ``past_key_values``
-    goes in 5.40), ``past_key_values`` before. ``inspect.signature`` follows the deprecation
-    wrapper's ``__wrapped__`` to the real parameters.
-
-    >>> class Old(torch.nn.Module):
-    ...     def forward(self, input_ids=None, past_key_values=None): ...
-    >>> cache_kwarg(Old())
-    'past_key_values'
-    """
-    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-
-
-class HFTarget:
+class HFTarget(TreeInputs):
     """Wraps an ``AutoModelForCausalLM`` with a :class:`SlotCache` (one slot per sequence).
 
     ``capacity`` is the initial rows per slot (the cache grows by doubling); call
@@ -309,7 +159,7 @@ class HFTarget:
 
     @property
     def cost_device(self) -> str:
-        """What cost tables are filed under (``batch.profile.table_name``): the device type."""
+        """What cost tables are filed under (``budget.costs.table_name``): the device type."""
         return self.device.type
 
     @property
@@ -446,10 +296,6 @@ class HFTarget:
         if self.length(slot) + len(tokens) > self.max_positions:
             raise ValueError(f"{self.length(slot) + len(tokens)} tokens exceed the context window of {self.max_positions}")
 
-    def _additive_mask(self, visible: torch.Tensor) -> torch.Tensor:
-        """The additive attention mask of a boolean one: 0 where visible, the dtype's minimum elsewhere."""
-        return torch.zeros(visible.shape, dtype=self.dtype, device=visible.device).masked_fill_(~visible, torch.finfo(self.dtype).min)
-
     def forward_rows(
         self,
         slot: int,
@@ -565,134 +411,6 @@ class HFTarget:
             )
             for b, (f, n) in enumerate(zip(starts, counts))
         ]
-
-    def _device_ancestors(self, slot: int) -> torch.Tensor:
-        """``slot``'s pending ancestor sets on the device (moved there once if built on the host)."""
-        seen = self._ancestors[slot]
-        if isinstance(seen, np.ndarray):
-            seen = self._ancestors[slot] = torch.from_numpy(seen).to(self.device)
-        return seen
-
-    def _host_tree_inputs(
-        self, slot: int, tokens: Sequence[int], parents: Sequence[int], n_rows: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`_tree_inputs` for one slot with nothing pending whose rows come as host lists
-        (the engine's verify pass, a fused start's prompt chain included): the ancestor sets,
-        depths and visibility built with numpy (:func:`~specgraft.tree.layout.host_ancestors`) and
-        sent in two copies, ids with positions and the boolean visibility, instead of the dozen
-        small device ops the device path launches (~1 ms a tree step on an H200, a sixth of the
-        step). The ancestor sets stay on the host, so :meth:`commit`'s chain check needs no device
-        sync. The same tensors; ``host_tree_inputs = False`` takes the device path (the twin
-        ``tests/test_tree_attention.py`` compares with).
-
-        Example: one committed row, rows ``[root, a, b]`` with ``b`` under ``a`` and padding to 4:
-        ids ``[r, a, b, 0]``, positions ``[1, 2, 3, 1]``; the padding row sees only its own column.
-        """
-        n, length = len(tokens), self.length(slot)
-        kv_len = length + n_rows
-        seen, depth = host_ancestors(parents)
-        visible = np.zeros((n_rows, kv_len), dtype=bool)
-        visible[:n, :length] = True
-        visible[:n, length : length + n] = seen
-        pad = np.arange(n, n_rows)
-        visible[pad, length + pad] = True  # padding rows see themselves (no empty softmax)
-        ints = np.zeros(2 * n_rows, dtype=np.int64)
-        ints[:n] = tokens
-        ints[n_rows : n_rows + n] = length + depth
-        ints[n_rows + n :] = length
-        ints_d = torch.from_numpy(ints).to(self.device)
-        mask = self._additive_mask(torch.from_numpy(visible).to(self.device))
-        self._ancestors[slot] = seen
-        return ints_d[None, :n_rows], ints_d[None, n_rows:], mask[None, None]
-
-    def _tree_inputs(
-        self, slots: Sequence[int], toks: list[torch.Tensor], pars: list[torch.Tensor], counts: list[int], n_rows: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``[B, n_max]`` ids and positions and the ``[B, 1, n_max, kv_len]`` mask of a
-        :meth:`forward_batch`, slot by slot; records each slot's new pending ancestor sets.
-        ``n_max`` is ``n_rows`` (default ``max(counts)``): each slot's rows past its count are padding."""
-        dev, n_max = self.device, n_rows or max(counts)
-        kv_len = max(self.length(s) + self.cache.pending[s] for s in slots) + n_max
-        min_value = torch.finfo(self.dtype).min
-        masks, positions, ids, seen_sets = [], [], [], []
-        for b, slot in enumerate(slots):
-            length, pend, n = self.length(slot), self.cache.pending[slot], counts[b]
-            # [n, pend + n] pending rows each new row sees
-            seen = pending_ancestors(self._device_ancestors(slot), pars[b])
-            seen_sets.append(seen)
-            # [n_max, kv_len] additive mask: committed prefix, then the pending rows seen
-            mask = torch.full((n_max, kv_len), min_value, dtype=self.dtype, device=dev)
-            mask[:n, :length] = 0.0
-            mask[:n, length : length + pend + n].masked_fill_(seen, 0.0)
-            pad = torch.arange(n, n_max, device=dev)
-            mask[pad, length + pend + pad] = 0.0  # padding rows see themselves (no empty softmax)
-            masks.append(mask)
-            depth = depth_from_mask(seen)
-            positions.append(torch.cat([length + depth, torch.full((n_max - n,), length, device=dev, dtype=torch.long)]))
-            ids.append(torch.cat([toks[b], torch.zeros(n_max - n, dtype=torch.long, device=dev)]))
-        for b, slot in enumerate(slots):
-            pend, n = self.cache.pending[slot], counts[b]
-            old = self._device_ancestors(slot)
-            self._ancestors[slot] = torch.cat([torch.cat([old, seen_sets[b].new_zeros(pend, n)], dim=1), seen_sets[b]], dim=0)
-        return torch.stack(ids), torch.stack(positions), torch.stack(masks)[:, None]
-
-    def _batch_tree_inputs(
-        self, slots: Sequence[int], toks: list[torch.Tensor], pars: list[torch.Tensor], counts: list[int], n_rows: int | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`_tree_inputs` for slots that all hold ``P`` pending rows (a batch's verify pass:
-        none; a draft model's batch drafting one depth after another: as many), built for all
-        slots at once: one batched :func:`pending_ancestors` and a few whole-batch ops instead of
-        a dozen small ops a slot, which on a GPU cost more than the forward they feed once it is
-        replayed as a CUDA graph (a tree step at 16 sequences cost twice a plain one). The same
-        tensors; ``batched_tree_inputs = False`` takes the slot-by-slot path (the twin the tests
-        compare with).
-
-        Each slot's rows are padded to ``n = n_rows`` (default ``max(counts)``) with parent -1: a
-        padding row sees only itself (at column ``length + P + i``, as in :meth:`_tree_inputs`)
-        and no real row sees it, so slot ``b``'s real rows get exactly its own ancestor sets.
-        """
-        dev, n = self.device, n_rows or max(counts)
-        p = self.cache.pending[slots[0]]
-        b = len(slots)
-        committed = [self.length(s) for s in slots]
-        kv_len = max(committed) + p + n
-        # [B, n] ids and parents, padded (token 0, parent -1)
-        pad = n - max(counts)
-        ids = torch.nn.functional.pad(torch.nn.utils.rnn.pad_sequence(toks, batch_first=True, padding_value=0), (0, pad), value=0)
-        parents = torch.nn.functional.pad(torch.nn.utils.rnn.pad_sequence(pars, batch_first=True, padding_value=-1), (0, pad), value=-1)
-        # [B, P, P] -> [B, n, P + n] pending rows each new row sees
-        old = torch.stack([self._device_ancestors(s) for s in slots])
-        seen = pending_ancestors(old, parents)
-        lengths = torch.tensor(committed, device=dev)[:, None]
-        positions = lengths + depth_from_mask(seen)  # a padding row: depth 0, at the slot's length
-        # [B, n, kv_len]: real rows see the committed prefix, every row its pending ancestors
-        real = torch.arange(n, device=dev)[None, :] < torch.tensor(counts, device=dev)[:, None]
-        visible = (torch.arange(kv_len, device=dev)[None, None, :] < lengths[:, :, None]) & real[:, :, None]
-        columns = (lengths + torch.arange(p + n, device=dev)[None]).unsqueeze(1).expand(b, n, p + n)
-        visible.scatter_(2, columns, seen)
-        mask = self._additive_mask(visible)
-        # [B, P + n, P + n] closed relation after this forward; slot b keeps its real rows' corner
-        closed = torch.cat([torch.cat([old, old.new_zeros(b, p, n)], dim=2), seen], dim=1)
-        for i, slot in enumerate(slots):
-            self._ancestors[slot] = closed[i, : p + counts[i], : p + counts[i]]
-        return ids, positions, mask[:, None]
-
-    def _plain_inputs(self, slots: Sequence[int], toks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`_tree_inputs` when every slot feeds one row with nothing pending (plain batched
-        decoding: ``ar``, or any method at budget 0), built for all slots at once instead of
-        slot by slot (a dozen small ops per sequence, which on a GPU cost more than the
-        forward's own launches at 16 sequences). The same tensors; ``plain_fast_path = False``
-        takes the slot-by-slot path (the twin the tests compare with)."""
-        dev = self.device
-        committed = [self.length(s) for s in slots]
-        lengths = torch.tensor(committed, device=dev)
-        # [B, kv_len]: each slot's committed prefix and its new row (column = its length)
-        visible = torch.arange(max(committed) + 1, device=dev)[None, :] <= lengths[:, None]
-        mask = self._additive_mask(visible)
-        seen = torch.ones(1, 1, dtype=torch.bool, device=dev)
-        for slot in slots:
-            self._ancestors[slot] = seen
-        return torch.stack(toks), lengths[:, None], mask[:, None, None, :]
 
     def _check_rows(self, slot: int, tokens: Sequence[int] | torch.Tensor, parent_rows: Sequence[int] | torch.Tensor) -> None:
         """``ValueError`` for rows that cannot be fed: lengths, token ids, parent rows and the

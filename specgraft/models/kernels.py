@@ -26,7 +26,7 @@ demand (exactly: the reorder only moves values). The one exception is a weight a
 also uses (an output embedding tied to the input embedding): that plain copy stays, because
 the embedding gathers its rows. So an fp32 model on CPU takes about its own size in memory, not
 twice it (measured per catalog model in the README's CPU section). Weights are assumed frozen
-(inference); pass ``fast_kernels=False`` to :func:`specgraft.models.hf.load_causal_lm` to keep
+(inference); pass ``fast_kernels=False`` to :func:`specgraft.models.loading.load_causal_lm` to keep
 plain ``nn.Linear``. ``nn.Linear`` is the plain twin and ``tests/test_kernels.py`` checks both
 agree. Applied to the model object itself, so every method and every peer (Hugging Face
 ``generate``) measured on it runs the same kernels.
@@ -133,7 +133,7 @@ def small_input_rows(costs, margin: float = 0.05, most: int = 4) -> int:
     """The row count to pad smaller inputs to, from a cost table's one-sequence forwards: the
     cheapest measured count up to ``most`` when it beats one row by more than ``margin``, else 1.
 
-    >>> from specgraft.batch.budget import CostTable
+    >>> from specgraft.budget.costs import CostTable
     >>> small_input_rows(CostTable("m", "cpu", {1: {1: 0.352, 2: 0.385, 4: 0.309, 8: 0.353}}))  # Zen 4
     4
     >>> small_input_rows(CostTable("m", "cpu", {1: {1: 0.382, 4: 0.541, 8: 0.563}}))  # Zen 3

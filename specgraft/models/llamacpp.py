@@ -156,7 +156,7 @@ class LlamaCppTarget:
     fill_outputs: ClassVar[bool] = False
     batched_prefill: ClassVar[bool] = False
     backend: ClassVar[str] = "llamacpp"
-    #: cost tables of this backend are its own (``batch.profile.table_name``)
+    #: cost tables of this backend are its own (``budget.costs.table_name``)
     cost_device: ClassVar[str] = "llamacpp"
 
     def __init__(

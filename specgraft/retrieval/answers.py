@@ -97,8 +97,9 @@ def generate_answers(
     """
     from rich.console import Console
 
-    from specgraft.bench.records import drop_partial_last_line
-    from specgraft.bench.runner import conversation_ids, progress_bar
+    from specgraft.files import drop_partial_last_line
+    from specgraft.progress import progress_bar
+    from specgraft.suites import conversation_ids
 
     out_path = Path(out_path)
     done = answered_ids(out_path)

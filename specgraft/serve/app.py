@@ -31,7 +31,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from specgraft.api import SpecDecoder
-from specgraft.batch import BudgetPolicy, QueueFull
+from specgraft.batch import QueueFull
+from specgraft.budget.policy import BudgetPolicy
 from specgraft.config import GenerationConfig
 from specgraft.serve.metrics import ServerMetrics
 from specgraft.serve.schemas import (

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from specgraft.api import SpecDecoder
-from specgraft.batch import BatchEvent, BudgetPolicy
+from specgraft.batch import BatchEvent
+from specgraft.budget.policy import BudgetPolicy
 from specgraft.config import GenerationConfig
 from specgraft.detokenize import TextStream
 from specgraft.serve.metrics import ServerMetrics

@@ -73,7 +73,7 @@ def cost_aware_subset(parents: Sequence[int], probs: Sequence[float], n: int, ro
     a step that verifies the first ``k`` nodes of the best-first order yields
     ``1 + sum(probs)`` tokens on average (the bonus token included), and costs
     ``1 + row_cost * k`` one-row steps when each verified row costs ``row_cost`` of one
-    (:meth:`specgraft.batch.budget.CostTable.row_cost` fits it from measured forwards).
+    (:meth:`specgraft.budget.costs.CostTable.row_cost` fits it from measured forwards).
     A node pays only while its ``p`` beats ``row_cost`` times the tokens per cost reached so
     far, so a fixed probability cut (``min_prob``) becomes one that follows the device: with
     the 1.5B target on the 2-core CPU (``row_cost`` 0.067) nodes under ~0.07-0.2 are dropped (the

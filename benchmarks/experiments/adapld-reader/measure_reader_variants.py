@@ -18,7 +18,7 @@ from collections import Counter
 import torch
 
 from specgraft.api import SpecDecoder
-from specgraft.bench.runner import conversation_ids
+from specgraft.suites import conversation_ids
 from specgraft.drafters.reader_retrieval import ReaderConfig
 from specgraft.methods import GraftOptions, MethodOptions
 from specgraft.suites import load_suite

@@ -33,8 +33,9 @@ def main() -> None:
     from tools.common import model_arguments
 
     from specgraft.api import SpecDecoder
-    from specgraft.batch import AdaptiveBudget, CostTable
-    from specgraft.cli.generate import cost_table_value
+    from specgraft.budget.adaptive import AdaptiveBudget
+    from specgraft.budget.costs import CostTable
+    from specgraft.cli.options import cost_table_value
     from specgraft.methods import GraftOptions, MethodOptions
     from specgraft.suites import load_suite
 

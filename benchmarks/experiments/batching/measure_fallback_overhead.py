@@ -28,7 +28,7 @@ import pstats
 import statistics
 
 
-from specgraft.batch.budget import FixedBudget, StepPlan
+from specgraft.budget.policy import FixedBudget, StepPlan
 
 
 class PinnedPlain(FixedBudget):
@@ -83,7 +83,8 @@ def main() -> None:
     config = SpecDecoder.make_config(max_new_tokens=args.max_new_tokens, stop_on_eos=False)
     policies = {m: PinnedPlain() for m in decoders}
     if args.policy == "adaptive":
-        from specgraft.batch import AdaptiveBudget, CostTable
+        from specgraft.budget.adaptive import AdaptiveBudget
+        from specgraft.budget.costs import CostTable
 
         if ar.options.cost_table is None:
             raise SystemExit("no cost table for this model and device: run `specgraft profile` first")

@@ -26,7 +26,8 @@ def main() -> None:
     from tools.common import model_arguments
 
     from specgraft.api import SpecDecoder
-    from specgraft.batch import AdaptiveBudget, CostTable
+    from specgraft.budget.adaptive import AdaptiveBudget
+    from specgraft.budget.costs import CostTable
     from specgraft.batch.engine import BatchEngine
     from specgraft.methods import GraftOptions, MethodOptions
     from specgraft.suites import load_suite

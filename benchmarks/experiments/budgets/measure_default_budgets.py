@@ -1,6 +1,6 @@
 """Derived default budgets against the fixed ones, timed in one process (issue 12).
 
-``methods/device_budget.py`` derives each method's default budget from the device's cost table
+``budget/defaults.py`` derives each method's default budget from the device's cost table
 and the method's measured gains per budget. This script checks that the derivation pays on the
 machine it runs on: it loads the target (and the draft model) once and, on every prompt (first
 turns, greedy, ``--max-new-tokens`` tokens, EOS does not stop), runs ``ar``, then each method at

@@ -32,7 +32,7 @@ def main() -> None:
     import torch
 
     from specgraft.models.fusion import fused_groups
-    from specgraft.models.hf import load_causal_lm
+    from specgraft.models.loading import load_causal_lm
     from specgraft.models.loading import load_draft_model
     from specgraft.models.resolve import resolve_model
 

@@ -78,7 +78,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/, for tools/
     from tools.common import code_and_task_prompts
     from specgraft.api import SpecDecoder
-    from specgraft.bench.runner import conversation_ids
+    from specgraft.suites import conversation_ids
     from specgraft.methods import GraftOptions, MethodOptions
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

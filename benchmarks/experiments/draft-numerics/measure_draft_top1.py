@@ -34,7 +34,7 @@ def main() -> None:
 
     from tools.common import task_tuning_prompts
 
-    from specgraft.bench.runner import conversation_ids
+    from specgraft.suites import conversation_ids
     from specgraft.models.loading import load_draft_model
     from specgraft.models.resolve import resolve_model
 

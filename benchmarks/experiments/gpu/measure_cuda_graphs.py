@@ -28,7 +28,8 @@ def main() -> None:
     from specgraft.api import SpecDecoder
     from specgraft.config import GenerationConfig
     from specgraft.methods import GraftOptions, MethodOptions
-    from specgraft.models.hf import HFTarget, attention_backends
+    from specgraft.models.device import attention_backends
+    from specgraft.models.hf import HFTarget
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)

@@ -83,7 +83,7 @@ def prompts_for(model_name: str, count: int, vocab: int) -> tuple[list[list[int]
 
 
 def load(model_name: str, path: str, variant: str) -> nn.Module:
-    from specgraft.models.hf import load_causal_lm
+    from specgraft.models.loading import load_causal_lm
 
     dtype = torch.float32 if variant == "float32" else torch.bfloat16
     if model_name == "tiny":

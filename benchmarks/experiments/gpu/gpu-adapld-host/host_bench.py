@@ -1,7 +1,7 @@
 """Host time of a tree step's small pieces on a GPU (this session's device call 2; run from the repo root):
 
 1. AdaPLD's per-step copy of the verified rows' top-k and unit hidden states to the host: the three
-   copies (``_top`` + ``_unit``), the packed one (``_rows_to_host``) and variants of its top-k;
+   copies (``top_rows`` + ``unit_rows``), the packed one (``rows_to_host``) and variants of its top-k;
 2. a tree's forward inputs built on the device (``HFTarget._tree_inputs``) and on the host
    (``_host_tree_inputs``), for trees of 4, 16 and 46 rows at 1,000 committed tokens.
 
@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from specgraft.drafters.adapld import _rows_to_host, _top, _unit
+from specgraft.drafters.adapld import rows_to_host, top_rows, unit_rows
 from specgraft.models.hf import HFTarget
 
 
@@ -54,8 +54,8 @@ def main():
         logits = torch.randn(n, 151_936, device=dev, generator=gen).bfloat16()
         hidden = torch.randn(n, 1536, device=dev, generator=gen).bfloat16()
         res = {
-            "three copies": timed(lambda: (_top(logits, 9), _unit(hidden))),
-            "packed": timed(lambda: _rows_to_host(logits, hidden, 9)),
+            "three copies": timed(lambda: (top_rows(logits, 9), unit_rows(hidden))),
+            "packed": timed(lambda: rows_to_host(logits, hidden, 9)),
             "packed log_softmax": timed(lambda: packed(logits, hidden, 9, "log_softmax")),
             "packed bf16 topk": timed(lambda: packed(logits, hidden, 9, "bf16_topk")),
             "packed unsorted": timed(lambda: packed(logits, hidden, 9, "unsorted")),

@@ -3,7 +3,7 @@
 import cProfile, pstats, sys, time, torch
 from specgraft.api import SpecDecoder
 from specgraft.config import GenerationConfig
-from specgraft.models.hf import attention_backends
+from specgraft.models.device import attention_backends
 path = sys.argv[1]; B = int(sys.argv[2]) if len(sys.argv) > 2 else 16
 device = sys.argv[3] if len(sys.argv) > 3 else "cuda"
 dec = SpecDecoder.from_pretrained(path, method="ar", dtype="bfloat16" if device == "cuda" else "float32", device=device, progress=False)

@@ -2,7 +2,7 @@
 import cProfile, pstats, sys, time, torch
 from specgraft.api import SpecDecoder
 from specgraft.config import GenerationConfig
-from specgraft.models.hf import attention_backends
+from specgraft.models.device import attention_backends
 path = sys.argv[1]
 device = sys.argv[2] if len(sys.argv) > 2 else "cuda"
 sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

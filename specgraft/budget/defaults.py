@@ -9,8 +9,8 @@ verifies on average (prompt lookup proposes only nodes that pass its cut, so ``N
 
     tokens/s(k) = E(k) / (T(1, 1 + N(k)) + D(k))
 
-``T`` is the :class:`~specgraft.batch.budget.CostTable` of the model on the device
-(``specgraft profile``; the table the batch engine's :class:`~specgraft.batch.budget.AdaptiveBudget`
+``T`` is the :class:`~specgraft.budget.costs.CostTable` of the model on the device
+(``specgraft profile``; the table the batch engine's :class:`~specgraft.budget.adaptive.AdaptiveBudget`
 reads), made non-decreasing in rows (a single measurement can dip: 4 rows measured faster than
 2 on one CPU). ``E``, ``N`` and ``D`` were measured once per method at each of a few budgets,
 greedily on tuning prompts that no benchmark uses (``benchmarks/measure_budget_gains.py``), and
@@ -53,48 +53,14 @@ fitted at the preset's budget).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Sequence
 
-from specgraft.batch.budget import CostTable
-
-GAINS_PATH = Path(__file__).resolve().parent.parent / "data" / "budget_gains.json"
-
-#: Methods that read another method's gains: the AdaPLD ablations AdaPLD's (they propose subsets
-#: of its tree), the Graft ablations Graft's.
-GAINS_OF = {
-    "adapld-rerank-only": "adapld", "adapld-no-fallback": "adapld", "adapld-no-branches": "adapld",
-    "adapld-no-successor": "adapld", "graft-fixed": "graft", "graft-root": "graft", "graft-tail": "graft",
-}
+from specgraft.budget.acceptance import BudgetGains, budget_gains
+from specgraft.budget.costs import CostTable
 
 #: The default is the smallest budget whose predicted tokens/s is within this share of the best.
 TIE = 0.02
-
-
-@dataclass(frozen=True)
-class BudgetGains:
-    """A method's measured tokens per step ``E(k)`` and nodes per step ``N(k)`` at budgets ``k``.
-
-    >>> g = BudgetGains("pld", budgets=(1, 4), tokens_per_step=(1.2, 1.3), nodes_per_step=(0.5, 0.9))
-    >>> g.budgets[g.tokens_per_step.index(max(g.tokens_per_step))]
-    4
-    """
-
-    method: str
-    budgets: tuple[int, ...]
-    tokens_per_step: tuple[float, ...]
-    nodes_per_step: tuple[float, ...]
-    draft_steps: tuple[float, ...] | None = None
-    """Drafting time per step, in plain target decode steps (None: not measured, taken as 0)."""
-
-    def __post_init__(self) -> None:
-        n = len(self.budgets)
-        lengths = {len(self.tokens_per_step), len(self.nodes_per_step)} | ({len(self.draft_steps)} if self.draft_steps is not None else set())
-        if not n or lengths != {n}:
-            raise ValueError(f"gains of {self.method}: budgets, tokens, nodes and drafting per step must be equal, non-empty lists")
 
 
 @dataclass(frozen=True)
@@ -116,36 +82,6 @@ class DerivedBudget:
 
     def describe(self) -> str:
         return f"budget {self.budget} from {self.table} (predicted {self.tokens_per_step:.2f} tokens/step, {self.speedup:.2f}x plain decoding)"
-
-
-@lru_cache(maxsize=4)
-def _load(path: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path} is not a budget-gains file ({e})") from e
-
-
-def gains_meta(path: str | Path = GAINS_PATH) -> dict:
-    """What the shipped gains were measured with (models, draft numerics, preset, prompts)."""
-    return dict(_load(str(path)).get("meta", {}))
-
-
-def budget_gains(method: str, path: str | Path = GAINS_PATH) -> BudgetGains | None:
-    """``method``'s measured gains, or None when none were measured.
-
-    >>> budget_gains("ar") is None, budget_gains("pld").budgets[0]
-    (True, 1)
-    """
-    row = _load(str(path)).get("methods", {}).get(GAINS_OF.get(method, method))
-    if row is None:
-        return None
-    steps = row["steps"]
-    plain = _load(str(path)).get("meta", {}).get("plain_step_s")
-    draft = tuple(d / s / plain for d, s in zip(row["draft_s"], steps)) if plain and "draft_s" in row else None
-    return BudgetGains(
-        method, tuple(row["budgets"]), tuple(t / s for t, s in zip(row["tokens"], steps)), tuple(n / s for n, s in zip(row["nodes"], steps)), draft
-    )
 
 
 def verify_cost(costs: CostTable, rows: float) -> float:

@@ -20,12 +20,12 @@ percent only (a near-tie is no reason to pay for a draft).
 
 The acceptance ``a_r`` is counted online per rank, from a prior worth a number of sequence
 steps; ``D`` is measured online per batch size, from a prior until the first step. A method
-with measured gains (``specgraft/data/budget_gains.json``, :mod:`specgraft.methods.device_budget`)
+with measured gains (``specgraft/data/budget_gains.json``, :mod:`specgraft.budget.defaults`)
 starts from its own, worth 32 steps (:class:`AdaptiveBudget` says why): rank rates whose sum
 reproduces its measured ``E(k)`` at each measured budget, the nodes it fills from its ``N(k)``,
 and ``D = D(k) x T(1, 1)`` from its measured drafting time. Before any step, its prediction at
 ``B = 1`` and a measured budget is therefore the one that derives its default budget
-(:func:`~specgraft.methods.device_budget.predicted_tokens_per_s`), and a short unlucky warm-up
+(:func:`~specgraft.budget.defaults.predicted_tokens_per_s`), and a short unlucky warm-up
 cannot switch off a method that pays on average. Other methods start from a generic prior
 (``a_r = 0.5 * 0.8**r``, worth 2 steps; drafting free until measured).
 
@@ -57,22 +57,13 @@ sequence has left, never on the values of the drafts it caps, so it keeps every 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Sequence
 
-import numpy as np
+from specgraft.budget.acceptance import Acceptance, BudgetGains, Realized, ema, budget_gains
+from specgraft.budget.costs import CostTable, interpolate
+from specgraft.budget.policy import StepPlan
 
-if TYPE_CHECKING:
-    from specgraft.methods.device_budget import BudgetGains
-
-#: Ranks whose acceptance is tracked (budgets beyond this reuse the last rank's rate).
-MAX_RANK = 128
-
-#: Sequence steps a prior built from a method's measured gains is worth (:class:`Acceptance`,
-#: ``prior_weight``); the generic prior is worth 2. Why 32: :class:`AdaptiveBudget`.
-GAINS_PRIOR_WEIGHT = 32.0
 #: Speculation must predict this much more throughput than plain decoding (k = 0) to be chosen.
 #: Why: the prediction is good to a few percent only, so a near-tie is no reason to pay for a
 #: draft; the derived default budgets use the same 2% (``TIE``). It is a guard, not a fix for a
@@ -90,378 +81,6 @@ SEQUENCE_PRIOR = 8.0
 #: produced ``1 + 1 / n`` times fewer tokens a second than plain steps: a large loss stops
 #: after 2 steps (2x slower), a 10% one after ~10 (:meth:`AdaptiveBudget.observe_step`).
 GUARD_STEPS = 2
-#: Weight of a new step in the realized tokens and seconds (:class:`Realized`): the last ~5
-#: steps of each kind count most.
-REALIZED_EMA = 0.2
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What one batched step verifies: a cap on every sequence's budget, and optionally one
-    sequence that drafts while the rest decode plainly (a *probe*: warm-up or exploration).
-
-    >>> StepPlan(cap=0, probe=8, split=True).probe
-    8
-    """
-
-    cap: int | None
-    """Every sequence's budget cap (0: plain decoding; None: each sequence's own budget)."""
-    probe: int = 0
-    """> 0 (with ``cap == 0``): one sequence drafts with this budget this step."""
-    split: bool = False
-    """Run the probing sequence in a forward of its own (cheaper than padding the whole batch to
-    its tree when the cost table says so: ``BudgetPolicy.split_pays``)."""
-
-
-class BudgetPolicy(Protocol):
-    def plan(self, batch_size: int, budgets: Sequence[int], keys: Sequence[str] | None = None) -> StepPlan:
-        """This step's plan for a batch whose sequences have ``budgets`` of their own (``keys``:
-        the sequences' request ids, for a policy that tracks sequences apart)."""
-
-    def speculating(self, batch_size: int, budget: int) -> bool:
-        """Whether a sequence (own ``budget``) joining a batch of ``batch_size`` is expected to
-        draft; if not it starts without its drafters' optional prefill work
-        (``SpecEngine.start(speculative=False)``)."""
-
-    def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float, key: str | None = None) -> None:
-        """One sequence's step: the budget its drafters had, the nodes they proposed, tree
-        indices of the accepted nodes, the drafting time (``key``: the sequence's request id)."""
-
-    def release(self, key: str) -> None:
-        """The sequence ``key`` has left the batch."""
-
-    def observe_forward(self, batch_size: int, rows: int, seconds: float) -> None:
-        """One target forward of ``batch_size`` sequences x ``rows`` rows took ``seconds``."""
-
-    def observe_catch_up(self, tokens: int, seconds: float) -> None:
-        """A drafter prefilled ``tokens`` it had not cached (a draft model's catch-up) in ``seconds``."""
-
-    def observe_step(self, batch_size: int, drafted: bool, tokens: int, seconds: float) -> None:
-        """A whole batched step: the batch emitted ``tokens`` in ``seconds`` of drafting, target
-        forwards and verification (admissions and catch-ups left out); ``drafted`` when any of
-        its sequences drafted."""
-
-    def observe_optional_prefill(self, tokens: int, seconds: float) -> None:
-        """A sequence started speculatively paid ``seconds`` for its drafters' optional prefill
-        work over its ``tokens`` prompt tokens (Token Recycling's prompt top-k)."""
-
-    def prefill_pays(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
-        """Whether a sequence joining a batch of ``batch_size`` that is expected to draft
-        (:meth:`speculating`) should pay its drafters' optional prefill work over ``tokens``
-        prompt tokens, with ``remaining`` tokens to generate; if not it starts plainly."""
-
-    def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
-        """Whether a sequence with ``remaining`` tokens to generate should draft at ``budget``
-        although its drafters must first prefill ``tokens`` they have not cached."""
-
-    def split_pays(self, batch_size: int, drafting: int, budget: int) -> bool:
-        """Whether a step in which only ``drafting`` of ``batch_size`` sequences draft (at
-        ``budget``) is cheaper as two forwards, those sequences apart from the plain ones,
-        than as one forward padding every sequence to their trees."""
-
-
-class FixedBudget:
-    """Every sequence verifies its own budget (no cost model): single-sequence behaviour."""
-
-    def plan(self, batch_size: int, budgets: Sequence[int], keys: Sequence[str] | None = None) -> StepPlan:
-        return StepPlan(cap=None)
-
-    def speculating(self, batch_size: int, budget: int) -> bool:
-        return True
-
-    def observe(self, batch_size: int, budget: int, tree_nodes: int, accepted: Sequence[int], draft_s: float, key: str | None = None) -> None:
-        pass
-
-    def release(self, key: str) -> None:
-        pass
-
-    def observe_forward(self, batch_size: int, rows: int, seconds: float) -> None:
-        pass
-
-    def observe_catch_up(self, tokens: int, seconds: float) -> None:
-        pass
-
-    def observe_step(self, batch_size: int, drafted: bool, tokens: int, seconds: float) -> None:
-        pass
-
-    def observe_optional_prefill(self, tokens: int, seconds: float) -> None:
-        pass
-
-    def prefill_pays(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
-        return True
-
-    def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
-        return True
-
-    def split_pays(self, batch_size: int, drafting: int, budget: int) -> bool:
-        return False
-
-
-@dataclass
-class CostTable:
-    """Measured seconds of one target forward over ``batch x rows`` new rows (after ``context``
-    cached tokens), on one device; interpolated linearly in rows, and in batch size between
-    measured sizes (extrapolated from the last two beyond them).
-
-    >>> t = CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}, 2: {1: 0.35, 9: 0.8}})
-    >>> round(t.cost(1, 5), 3), round(t.cost(2, 1), 3), round(t.cost(4, 1), 3)
-    (0.4, 0.35, 0.45)
-    """
-
-    model: str
-    device: str
-    # batch size -> rows per sequence -> seconds
-    seconds: dict[int, dict[int, float]]
-    context: int = 512
-    threads: int | None = None
-    dtype: str = ""
-    meta: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.seconds = {int(b): {int(n): float(s) for n, s in row.items()} for b, row in self.seconds.items()}
-        if not self.seconds or any(not row for row in self.seconds.values()):
-            raise ValueError("a cost table needs at least one measured forward per batch size")
-
-    def _rows_cost(self, batch: int, rows: float) -> float:
-        return _interp(self.seconds[batch], rows)
-
-    def cost(self, batch: int, rows: float) -> float:
-        """Seconds of one forward of ``batch`` sequences x ``rows`` rows each."""
-        sizes = sorted(self.seconds)
-        if batch in self.seconds:
-            return self._rows_cost(batch, rows)
-        return _interp({b: self._rows_cost(b, rows) for b in sizes}, batch)
-
-    def row_cost(self, batch: int = 1, max_rows: int = 16) -> float:
-        """Cost of one more verified row per sequence, as a fraction of a one-row forward of
-        ``batch`` sequences: the slope of a least-squares line through the measured forwards of
-        up to ``max_rows`` rows, over the line's value at one row (what
-        :func:`specgraft.tree.paths.cost_aware_subset` reads). A line, not the measured points
-        themselves: single measurements wobble by a few percent (the shipped 1.5B CPU table has
-        4 rows at 541 ms and 8 at 563 ms), and a per-node decision should not follow the wobble.
-
-        >>> CostTable("m", "cpu", {1: {1: 0.3, 5: 0.4, 9: 0.5}}).row_cost()  # 0.025 s a row / 0.3 s
-        0.083333
-        """
-        rows = sorted({n for row in self.seconds.values() for n in row if n <= max_rows})
-        if len(rows) < 2:
-            raise ValueError(f"a row cost needs forwards of two or more row counts up to {max_rows}")
-        xs = np.array(rows, dtype=np.float64)
-        ys = np.array([self.cost(batch, n) for n in rows], dtype=np.float64)
-        slope, intercept = np.polyfit(xs, ys, 1)
-        return round(max(0.0, float(slope)) / float(intercept + slope), 6)
-
-    def to_json(self) -> dict:
-        return {
-            "model": self.model, "device": self.device, "context": self.context, "threads": self.threads, "dtype": self.dtype,
-            "seconds": {str(b): {str(n): s for n, s in sorted(row.items())} for b, row in sorted(self.seconds.items())},
-            "meta": self.meta,
-        }
-
-    def save(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
-
-    @classmethod
-    def load(cls, path: str | Path) -> "CostTable":
-        try:
-            data = json.loads(Path(path).read_text())
-            return cls(
-                model=data["model"], device=data["device"], seconds=data["seconds"], context=data.get("context", 512),
-                threads=data.get("threads"), dtype=data.get("dtype", ""), meta=data.get("meta", {}),
-            )
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{path} is not a specgraft cost table ({e})") from e
-
-
-def _ema(old: float | None, new: float, weight: float) -> float:
-    """A running average: ``new`` alone at first, then ``weight`` of each new value.
-
-    >>> _ema(None, 2.0, 0.25), _ema(2.0, 4.0, 0.25)
-    (2.0, 2.5)
-    """
-    return new if old is None else (1 - weight) * old + weight * new
-
-
-def _interp(points: dict[int, float], x: float) -> float:
-    """Piecewise-linear through ``points``, extended linearly past the last two (and flat below the first)."""
-    xs = sorted(points)
-    if len(xs) == 1 or x <= xs[0]:
-        return points[xs[0]]
-    for lo, hi in zip(xs, xs[1:]):
-        if x <= hi:
-            return points[lo] + (points[hi] - points[lo]) * (x - lo) / (hi - lo)
-    lo, hi = xs[-2], xs[-1]
-    return points[hi] + (points[hi] - points[lo]) * (x - hi) / (hi - lo)
-
-
-def per_rank(budgets: Sequence[int], totals: Sequence[float], base: float = 0.0) -> list[float]:
-    """Per-rank rates whose running sum reproduces ``totals`` measured at ``budgets``:
-    ``base + sum_{r < k} rates[r] == totals[i]`` at each ``k = budgets[i]``. The gain between
-    consecutive measured budgets ``k_i < k_{i+1}`` is spread evenly over ranks
-    ``k_i .. k_{i+1} - 1`` (ranks ``0 .. k_0 - 1`` share ``totals[0] - base``); one more rank
-    of 0 follows the largest budget (nothing measured says ranks beyond it pay, and
-    :meth:`Acceptance.rate` reuses the last entry for every rank past the list).
-
-    Each rate is clipped to ``[0, 1]`` (a rank is accepted, or filled, at most once a step; a
-    total that drops between budgets is measurement noise, not a negative rate). The rates are
-    *not* made non-increasing: a budget-``k`` tree is not the first ``k`` nodes of a larger one,
-    and the measured totals need not be concave. ``ptd`` emits 1.0 token a step at budgets 1
-    and 2 (at 1 it drafts nothing, at 2 nothing it drafts is accepted) and 1.15 at 4; pooling
-    its rates into a non-increasing shape would keep ``E(4)`` but predict gains at budgets 1
-    and 2 that were measured to be absent, and :class:`AdaptiveBudget` compares budgets by ``E(k)`` itself.
-
-    >>> per_rank([1, 2, 4], [1.75, 2.25, 3.25], base=1.0)  # E(k): 0.75 at rank 0, 0.5 at 1, 1.0 over 2..3
-    [0.75, 0.5, 0.5, 0.5, 0.0]
-    >>> per_rank([2, 4], [0.0, 3.0])  # nothing filled at budget 2, 3 more nodes over ranks 2..3: at most 1 each
-    [0.0, 0.0, 1.0, 1.0, 0.0]
-    """
-    if not budgets or len(budgets) != len(totals) or list(budgets) != sorted(set(budgets)) or budgets[0] < 1:
-        raise ValueError(f"per-rank rates need increasing budgets >= 1 with one total each, got {list(budgets)} and {list(totals)}")
-    rates: list[float] = []
-    lo, before = 0, base
-    for k, total in zip(budgets, totals, strict=True):
-        rates += [min(1.0, max(0.0, (total - before) / (k - lo)))] * (k - lo)
-        lo, before = k, total
-    return rates + [0.0]
-
-
-@dataclass
-class Acceptance:
-    """Running counts of acceptance by node rank (tree order), with a prior.
-
-    A step with budget ``k`` is an opportunity at ranks ``0 .. k - 1``, whether or not its
-    drafters filled them (a prompt-lookup method that finds no match drafts nothing), so
-    ``rate(r)`` is the probability that a node of rank ``r`` exists *and* is accepted:
-    ``(accepted at r + prior_weight * prior[r]) / (opportunities at r + prior_weight)``; the
-    share of opportunities the drafters filled, ``fill_rate(r)``, likewise from ``nodes_prior``.
-
-    The default prior is generic (``0.5 * 0.8**r``, every rank filled, worth 2 steps);
-    :meth:`from_gains` builds a method's own from its measured gains.
-
-    >>> a = Acceptance(prior=[0.5, 0.25], prior_weight=0)
-    >>> a.add(budget=2, accepted=[0]); a.add(budget=2, accepted=[0, 1])
-    >>> a.rate(0), a.rate(1), a.expected_tokens(2)
-    (1.0, 0.5, 2.5)
-    """
-
-    prior: list[float] = field(default_factory=lambda: [0.5 * 0.8**r for r in range(16)])
-    """Acceptance rate per rank before any step (the last entry stands for every later rank)."""
-    prior_weight: float = 2.0
-    """Sequence steps the priors are worth."""
-    nodes_prior: list[float] = field(default_factory=lambda: [1.0])
-    """Share of steps whose drafters fill each rank, before any step (default: every rank)."""
-    verified: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
-    accepted: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
-    filled: list[int] = field(default_factory=lambda: [0] * MAX_RANK)
-    """Opportunities at each rank that the drafters filled with a node."""
-
-    @classmethod
-    def from_gains(cls, gains: BudgetGains, weight: float = GAINS_PRIOR_WEIGHT) -> "Acceptance":
-        """A prior that reproduces ``gains``' measured tokens per step ``E(k)`` and nodes per
-        step ``N(k)`` at its measured budgets (:func:`per_rank`), worth ``weight`` steps.
-
-        >>> from specgraft.methods.device_budget import BudgetGains
-        >>> a = Acceptance.from_gains(BudgetGains("x", (1, 2, 4), (1.75, 2.25, 3.25), (1.0, 1.5, 2.5)))
-        >>> a.expected_tokens(2), a.expected_tokens(4), a.expected_nodes(4), a.expected_tokens(8)
-        (2.25, 3.25, 2.5, 3.25)
-        """
-        return cls(
-            prior=per_rank(gains.budgets, gains.tokens_per_step, base=1.0), prior_weight=weight,
-            nodes_prior=per_rank(gains.budgets, gains.nodes_per_step),
-        )
-
-    def add(self, budget: int, accepted: Sequence[int], tree_nodes: int | None = None) -> None:
-        """One step with ``budget`` (``tree_nodes`` of them filled; default all)."""
-        filled = budget if tree_nodes is None else tree_nodes
-        for r in range(min(budget, MAX_RANK)):
-            self.verified[r] += 1
-            self.filled[r] += r < filled
-        for r in accepted:
-            if r < MAX_RANK:
-                self.accepted[r] += 1
-
-    def _blend(self, counts: list[int], prior: list[float], r: int) -> float:
-        """``(counts[r] + prior_weight * prior[r]) / (verified[r] + prior_weight)``."""
-        r = min(r, MAX_RANK - 1)
-        p = prior[min(r, len(prior) - 1)] if prior else 0.0
-        n = self.verified[r] + self.prior_weight
-        return (counts[r] + self.prior_weight * p) / n if n > 0 else p
-
-    def fill_rate(self, r: int) -> float:
-        return self._blend(self.filled, self.nodes_prior, r)
-
-    def rate(self, r: int) -> float:
-        return self._blend(self.accepted, self.prior, r)
-
-    def expected_nodes(self, k: int) -> float:
-        """Nodes a step with budget ``k`` proposes on average."""
-        return sum(self.fill_rate(r) for r in range(k))
-
-    def expected_tokens(self, k: int) -> float:
-        """``E(k) = 1 + sum_{r < k} rate(r)``: tokens per step with ``k`` nodes (bonus included)."""
-        return 1.0 + sum(self.rate(r) for r in range(k))
-
-
-@dataclass
-class Realized:
-    """What the steps at one batch size produced, drafting steps and plain steps apart: running
-    (exponentially weighted) tokens emitted and seconds taken per step, whose ratio is the
-    realized tokens/s of each kind.
-
-    The policy's prediction is a model (cost table x acceptance x drafting time), and it can be
-    wrong by more than the few percent a batch gains from drafting: on the Zen 3 of
-    ``benchmarks/RESULTS.md`` (issue 12) draft-tree at ``B = 2`` predicted 6.3-7.7 tokens/s for
-    budget 8 where its drafting steps produced 4.9 and its plain steps 5.9 (short requests, a
-    draft model's early stops and prompts that accept less than the gains it was measured on).
-    :class:`AdaptiveBudget` lets these records overrule it (:meth:`AdaptiveBudget.observe_step`).
-
-    The guard's drafting record starts afresh after a veto (:meth:`forget_drafting`); a second,
-    *lasting* record of the same steps does not, and says what drafting has produced here
-    lately whatever the guard decided (:meth:`AdaptiveBudget.prefill_pays` weighs with it).
-
-    >>> r = Realized()
-    >>> for _ in range(6): r.add(True, 3, 1.0)
-    >>> r.add(False, 2, 0.33)
-    >>> round(r.rate(True), 2), round(r.rate(False), 2), r.steps[True]
-    (3.0, 6.06, 6)
-    >>> r.forget_drafting(); r.rate(True), round(r.rate(True, lasting=True), 2), r.lasting_steps
-    (None, 3.0, 6)
-    """
-
-    tokens: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
-    seconds: dict[bool, float] = field(default_factory=lambda: {True: 0.0, False: 0.0})
-    steps: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
-    # the drafting steps again, never forgotten: [tokens, seconds] (EMA) and their count
-    lasting: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    lasting_steps: int = 0
-
-    def add(self, drafted: bool, tokens: int, seconds: float) -> None:
-        w = REALIZED_EMA if self.steps[drafted] else 1.0
-        self.tokens[drafted] = _ema(self.tokens[drafted], tokens, w)
-        self.seconds[drafted] = _ema(self.seconds[drafted], seconds, w)
-        self.steps[drafted] += 1
-        if drafted:
-            w = REALIZED_EMA if self.lasting_steps else 1.0
-            self.lasting = [_ema(self.lasting[0], tokens, w), _ema(self.lasting[1], seconds, w)]
-            self.lasting_steps += 1
-
-    def forget_drafting(self) -> None:
-        """Drop the guard's drafting record (the plain one and the lasting one stay): drafting
-        starts a fresh one."""
-        self.tokens[True], self.seconds[True], self.steps[True] = 0.0, 0.0, 0
-
-    def rate(self, drafted: bool, lasting: bool = False) -> float | None:
-        """Realized tokens/s of drafting (True) or plain (False) steps; None before any.
-        ``lasting``: drafting's lasting record (plain steps have only one)."""
-        if lasting and drafted:
-            tokens, seconds, steps = self.lasting[0], self.lasting[1], self.lasting_steps
-        else:
-            tokens, seconds, steps = self.tokens[drafted], self.seconds[drafted], self.steps[drafted]
-        if not steps or seconds <= 0:
-            return None
-        return tokens / seconds
-
 
 class AdaptiveBudget:
     """Budget per batch size maximising predicted throughput (module docstring).
@@ -567,10 +186,10 @@ class AdaptiveBudget:
     @classmethod
     def for_method(cls, costs: CostTable, method: str, **kwargs) -> "AdaptiveBudget":
         """A policy whose priors are ``method``'s measured gains
-        (:func:`~specgraft.methods.device_budget.budget_gains`, ablations reading their base
+        (:func:`~specgraft.budget.acceptance.budget_gains`, ablations reading their base
         method's); the generic prior for a method without gains (``ar``, ``reader``, unknown
         names). The gains were measured with one target/draft pair
-        (:func:`~specgraft.methods.device_budget.gains_meta`: the 1.5B/0.5B catalog pair);
+        (:func:`~specgraft.budget.acceptance.gains_meta`: the 1.5B/0.5B catalog pair);
         with another model, or another preset, depth or top-k, they are still the starting
         point, as a prior: the online counts correct them (class docstring).
 
@@ -578,9 +197,6 @@ class AdaptiveBudget:
         >>> AdaptiveBudget.for_method(t, "graft-fixed").prior, AdaptiveBudget.for_method(t, "ar").prior
         ('measured gains of graft-fixed', 'generic')
         """
-        # imported here: device_budget reads CostTable from this module
-        from specgraft.methods.device_budget import budget_gains
-
         return cls(costs, gains=budget_gains(method), **kwargs)
 
     def predicted(self, batch_size: int, k: int, keys: Sequence[str] | None = None) -> float:
@@ -643,7 +259,7 @@ class AdaptiveBudget:
         if not seen:
             return base
         xs = sorted(seen)
-        return base * _interp(seen, min(max(rows, xs[0]), xs[-1]))
+        return base * interpolate(seen, min(max(rows, xs[0]), xs[-1]))
 
     def _draft_cost(self, batch_size: int, k: int) -> float:
         """Drafting seconds per step: measured at this batch size; else the nearest measured
@@ -655,7 +271,7 @@ class AdaptiveBudget:
             near = min(self.draft_s, key=lambda b: abs(b - batch_size))
             return self.draft_s[near]
         if self.draft_prior:
-            return _interp(self.draft_prior, min(k, max(self.draft_prior)))
+            return interpolate(self.draft_prior, min(k, max(self.draft_prior)))
         return 0.0
 
     def best(self, batch_size: int, cap: int, keys: Sequence[str] | None = None) -> int:
@@ -777,7 +393,7 @@ class AdaptiveBudget:
             seq[0] += len(accepted)
             seq[1] += self.acceptance.expected_tokens(budget) - 1
         self.acceptance.add(budget, accepted, tree_nodes)
-        self.draft_s[batch_size] = _ema(self.draft_s.get(batch_size), draft_s, 0.1)
+        self.draft_s[batch_size] = ema(self.draft_s.get(batch_size), draft_s, 0.1)
 
     def release(self, key: str) -> None:
         """``key`` has left: its acceptance record goes, and a veto at batch size 1 measured on
@@ -802,12 +418,12 @@ class AdaptiveBudget:
         should not rewrite a table."""
         ratio = min(5.0, max(0.2, seconds / self.costs.cost(batch_size, rows)))
         seen = self.forward_ratio.setdefault(batch_size, {})
-        seen[rows] = _ema(seen.get(rows), ratio, COST_EMA)
+        seen[rows] = ema(seen.get(rows), ratio, COST_EMA)
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         if tokens <= 0:
             return
-        self.catch_up_per_token = _ema(self.catch_up_per_token, seconds / tokens, COST_EMA)
+        self.catch_up_per_token = ema(self.catch_up_per_token, seconds / tokens, COST_EMA)
 
     def pays_back(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
         """Whether drafting for a sequence with ``remaining`` tokens left repays the catch-up
@@ -848,7 +464,7 @@ class AdaptiveBudget:
     def observe_optional_prefill(self, tokens: int, seconds: float) -> None:
         if tokens <= 0:
             return
-        self.optional_per_token = _ema(self.optional_per_token, seconds / tokens, COST_EMA)
+        self.optional_per_token = ema(self.optional_per_token, seconds / tokens, COST_EMA)
 
     def prefill_pays(self, batch_size: int, budget: int, tokens: int, remaining: int) -> bool:
         """Whether a sequence joining a batch of ``batch_size`` should start speculatively,
