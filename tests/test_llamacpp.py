@@ -411,3 +411,46 @@ def test_batched_requests_equal_each_alone_in_strict_mode(ggufs):
     for name in ("pld", "draft-tree"):
         got = run_schedule(BatchEngine(runs[name], max_batch=3, policy=RandomCap(rng.randrange(100))), requests, rng)
         assert got == expected, name
+
+
+def test_server_on_llamacpp(gguf_dirs):
+    """``specgraft serve`` on a GGUF: concurrent completions batched in one llama.cpp context, each
+    equal to this backend's plain decoding of its prompt alone (strict mode)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    from specgraft import SpecDecoder
+    from specgraft.serve import ServerConfig
+
+    from tests.test_server import running_server
+
+    decoder = SpecDecoder.from_pretrained(str(gguf_dirs["target"]), method="pld", threads=1, strict=True, progress=False)
+    plain = decoder.with_method("ar")
+    prompts = ["w5 w6 w7 w5 w6 w7 w5", "w9 w10 w9 w10 w9 w10", "w20 w21 w22 w20 w21", "w7 w7 w8 w7 w7 w8"]
+    expected = [plain.generate(p, max_new_tokens=12, chat=False).text for p in prompts]
+    with running_server(ServerConfig(model_name="tiny", max_batch=4, max_queue=8), decoder=decoder) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=30, max_retries=0)
+
+        def complete(prompt: str) -> str:
+            return client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0).choices[0].text
+
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(complete, prompts)) == expected
+
+
+def test_llamacpp_cuts_prompt_lookup_at_its_row_cost(gguf_dirs, tmp_path, monkeypatch):
+    """On llama.cpp extra rows are dear: with a cost table for the model, ``pld`` cuts its trees
+    at the table's row cost unless one is given."""
+    from specgraft import SpecDecoder
+    from specgraft.batch.budget import CostTable
+    from specgraft.batch.profile import table_name
+
+    monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path))
+    name = str(gguf_dirs["target"])
+    table = CostTable(name, "llamacpp", {1: {1: 0.10, 4: 0.14, 8: 0.26, 16: 0.31}}, threads=1)
+    table.save(tmp_path / "costs" / table_name(name, "llamacpp", 1))
+    dec = SpecDecoder.from_pretrained(name, method="pld", threads=1, progress=False)
+    assert dec.options.row_cost == table.row_cost(1) > 0.1
+    given = SpecDecoder.from_pretrained(name, method="pld", threads=1, progress=False, options=MethodOptions(row_cost=0.02))
+    assert given.options.row_cost == 0.02

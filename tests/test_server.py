@@ -39,9 +39,10 @@ LONG = {"max_tokens": 500, "ignore_eos": True, "temperature": 0}
 
 
 @contextlib.contextmanager
-def running_server(config: ServerConfig, method: str = "pld") -> Iterator[tuple[str, object]]:
-    """A uvicorn server in a thread on a free loopback port: (base url, app)."""
-    decoder = SpecDecoder(tiny_llama(), tiny_tokenizer(), method=method)
+def running_server(config: ServerConfig, method: str = "pld", decoder: SpecDecoder | None = None) -> Iterator[tuple[str, object]]:
+    """A uvicorn server in a thread on a free loopback port: (base url, app); ``decoder`` default:
+    the tiny Llama with ``method``."""
+    decoder = decoder if decoder is not None else SpecDecoder(tiny_llama(), tiny_tokenizer(), method=method)
     app = create_app(decoder, config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
