@@ -443,8 +443,8 @@ def test_llamacpp_cuts_prompt_lookup_at_its_row_cost(gguf_dirs, tmp_path, monkey
     """On llama.cpp extra rows are dear: with a cost table for the model, ``pld`` cuts its trees
     at the table's row cost unless one is given."""
     from specgraft import SpecDecoder
-    from specgraft.batch.budget import CostTable
-    from specgraft.batch.profile import table_name
+    from specgraft.budget.costs import CostTable
+    from specgraft.budget.costs import table_name
 
     monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path))
     name = str(gguf_dirs["target"])
