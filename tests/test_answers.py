@@ -100,11 +100,3 @@ def test_answered_ids(tmp_path):
     with pytest.raises(ValueError, match="a.jsonl:2: not an answers record"):
         answered_ids(path)
 
-
-def test_docstring_example():
-    import doctest
-
-    from specgraft.retrieval import answers
-
-    result = doctest.testmod(answers)
-    assert result.attempted > 0 and result.failed == 0

@@ -110,15 +110,6 @@ def test_default_method_is_pld_or_draft_tree(tiny_model_dir):
     assert SpecDecoder.from_pretrained(tiny_model_dir, dtype="float32", options=options, progress=False).method == "draft-tree"
 
 
-def test_registry_doctests():
-    import doctest
-
-    from specgraft.methods import registry
-
-    result = doctest.testmod(registry)
-    assert result.attempted > 0 and result.failed == 0
-
-
 def byte_level_tokenizer():
     """A byte-level BPE tokenizer trained here on text with multi-byte characters, so single
     tokens hold parts of one character (as in GPT-2 / Qwen tokenizers)."""

@@ -625,15 +625,6 @@ def test_fixed_budget_is_single_sequence_behaviour():
     assert FixedBudget().plan(4, [8, 3]) == StepPlan(cap=None) and FixedBudget().speculating(8, 4)
 
 
-@pytest.mark.parametrize("module", ["batch.budget", "batch.profile", "cache.slots", "detokenize"])
-def test_docstring_examples(module):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(f"specgraft.{module}"))
-    assert result.attempted > 0 and result.failed == 0
-
-
 def test_measure_costs_and_find_table(tmp_path, monkeypatch):
     from specgraft.budget.costs import find_cost_table, table_name
     from specgraft.budget.profile import measure_costs

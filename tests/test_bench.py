@@ -620,15 +620,6 @@ def test_vllm_peers_run_after_ours_on_the_same_ids(target_dir, tmp_path, monkeyp
         config(target_dir, out, methods="vllm-recycling")
 
 
-@pytest.mark.parametrize("module", ["agreement", "suites", "machine", "bench.environment", "bench.repetition", "bench.summary", "bench.runner", "bench.vllm_peers", "bench.report", "bench.plots"])
-def test_docstring_examples(module):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(f"specgraft.{module}"))
-    assert result.attempted > 0 and result.failed == 0
-
-
 def test_hf_peers_run_under_our_attention_backends(monkeypatch):
     """Hugging Face's ``generate`` (a peer row, ``bench-serve``'s padded batches) runs with the
     SDPA backends our forwards use (on a GPU: no cuDNN attention, whose plan per new key length

@@ -391,11 +391,3 @@ def test_cli_errors_in_one_line(ggufs, monkeypatch, capsys, tmp_path, args, mess
     assert code == 2 and err.count("\n") == 1 and message in err, err
     assert not os.path.exists(tmp_path / "o"), "nothing is written before the options are checked"
 
-
-@pytest.mark.parametrize("module", ["bench.llamacpp_tools", "bench.llamacpp_peers"])
-def test_docstring_examples(module):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(f"specgraft.{module}"))
-    assert result.attempted > 0 and result.failed == 0

@@ -108,8 +108,3 @@ def test_interrupt_exits_130(monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "generate", "--dtype", "float32", "--device", "cpu", "w5")
     assert code == 130 and err == "interrupted\n"
 
-
-@pytest.mark.parametrize("module", ["specgraft.cli", "specgraft.cli.generate"])
-def test_doctests(module):
-    result = doctest.testmod(importlib.import_module(module))
-    assert result.attempted > 0 and result.failed == 0

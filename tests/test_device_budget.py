@@ -192,15 +192,6 @@ def test_user_table_in_the_cache_is_found(tmp_path, monkeypatch):
     assert dec.default_budget == derived_budget("recycling", dec.options).budget
 
 
-@pytest.mark.parametrize("module", ["methods.device_budget", "methods.registry"])
-def test_docstring_examples(module):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(f"specgraft.{module}"))
-    assert result.attempted > 0 and result.failed == 0
-
-
 def test_shipped_gpu_tables_are_found_and_give_gpu_budgets():
     """The tables measured on an H200 for the catalog models (``benchmarks/experiments/gpu/NOTES.md``)
     serve any CUDA device without ``specgraft profile``, and from them every method with

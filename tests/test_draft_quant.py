@@ -123,15 +123,6 @@ def test_resolve_draft_quant():
         GraftOptions(draft_quant="int4")
 
 
-def test_docstring_examples():
-    import doctest
-
-    import specgraft.models.quant
-
-    result = doctest.testmod(specgraft.models.quant)
-    assert result.attempted > 0 and result.failed == 0
-
-
 def test_resume_of_a_run_recorded_before_draft_quant(tmp_path):
     """A run.json from before --draft-quant: without a draft model it resumes as it did; with one,
     its draft ran in the target's dtype, so only --draft-quant none resumes it."""

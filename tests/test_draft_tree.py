@@ -604,15 +604,6 @@ def test_trim_keeps_prefixes_of_sampled_children():
         assert kept.tokens == pool.tokens[:n] and kept.parents == pool.parents[:n] and kept.prob_rows == pool.prob_rows[:n]
 
 
-def test_docstring_examples():
-    import doctest
-
-    import specgraft.drafters.draft_model as module
-
-    result = doctest.testmod(module)
-    assert result.attempted > 0 and result.failed == 0
-
-
 def test_long_chains_keep_confident_nodes_past_the_tree_budget():
     """``tree_budget``: unsure nodes past it are dropped, confident ones kept up to the budget;
     a generation with it equals plain greedy decoding."""

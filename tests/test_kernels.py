@@ -122,15 +122,6 @@ def test_small_input_rows_from_the_cost_table_and_greedy_equals_plain(tmp_path):
         set_min_rows(model, 0)
 
 
-def test_docstring_examples():
-    import doctest
-
-    import specgraft.models.kernels as module
-
-    result = doctest.testmod(module)
-    assert result.attempted > 0 and result.failed == 0
-
-
 def test_gpu_forwards_leave_out_cudnn_attention():
     """On CUDA our forwards run under :func:`attention_backends`, which drops cuDNN's SDPA (it
     builds a plan per new key length: 3.8 s of attention in a 64-token generation on an H200);

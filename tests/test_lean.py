@@ -88,11 +88,3 @@ def test_unsupported_models_keep_hugging_face():
     model.config.layer_types = ["sliding_attention", "full_attention"]  # HFTarget refuses these already
     assert unsupported_reason(model.model) == "LlamaModel has sliding-window layers"
 
-
-def test_docstring_examples():
-    import doctest
-
-    from specgraft.models import lean
-
-    result = doctest.testmod(lean)
-    assert result.attempted > 0 and result.failed == 0

@@ -377,17 +377,6 @@ def test_config_validation():
             PTDConfig(**bad)
 
 
-def test_module_doctests():
-    import doctest
-
-    import specgraft.drafters.ptd as ptd
-    import specgraft.tree.build as build
-
-    for module in (ptd, build):
-        result = doctest.testmod(module)
-        assert result.failed == 0 and result.attempted > 0, module.__name__
-
-
 # ---- through the engine ---------------------------------------------------------------------
 
 

@@ -287,15 +287,6 @@ def test_bad_values_are_400s_naming_the_field(client, http, endpoint, fields, pa
     assert e.value.status_code == 400 and e.value.body["param"] == param and words in e.value.body["message"]
 
 
-@pytest.mark.parametrize("module", ["specgraft.serve.app", "specgraft.serve.schemas"])
-def test_doctests(module):
-    import doctest
-    import importlib
-
-    result = doctest.testmod(importlib.import_module(module))
-    assert result.attempted > 0 and result.failed == 0
-
-
 def test_the_largest_seed_is_served(client, http):
     kw = dict(model=MODEL, prompt="w5 w6 w7", max_tokens=4, temperature=0.9)
     assert client.completions.create(seed=2**63 - 1, **kw).usage.completion_tokens >= 1

@@ -429,13 +429,6 @@ def test_unsupported_methods_are_documented():
         assert why
 
 
-def test_docstring_examples():
-    import doctest
-
-    result = doctest.testmod(integ)
-    assert result.attempted > 0 and result.failed == 0
-
-
 def test_replay_counts_what_vllm_would_verify():
     """The offline replay of vLLM's greedy loop (its ngram re-implementation is checked against
     vLLM's own in ``tests/integrations/test_vllm_e2e.py``)."""

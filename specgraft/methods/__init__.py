@@ -18,6 +18,8 @@ from specgraft.methods.registry import (
     get_method,
     method_budget,
     method_names,
+    register,
+    unregister,
 )
 
 __all__ = [
@@ -36,5 +38,7 @@ __all__ = [
     "method_budget",
     "method_names",
     "preset_budget",
+    "register",
+    "unregister",
     "with_sampled_drafts",
 ]

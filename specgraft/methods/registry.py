@@ -263,6 +263,23 @@ METHODS: dict[str, MethodSpec] = {
 assert set(METHODS) == set(DEFAULT_BUDGETS), f"default budgets for {sorted(DEFAULT_BUDGETS)}, methods {sorted(METHODS)}"
 
 
+def register(spec: MethodSpec) -> MethodSpec:
+    """Add a method to the registry (a plugin's, or a test's toy method) and return it; every
+    command, the API and the registry-wide tests (``tests/test_lossless_registry.py``) then know
+    it. ``ValueError`` for a name already taken."""
+    if spec.name in METHODS:
+        raise ValueError(f"method {spec.name!r} is already registered")
+    METHODS[spec.name] = spec
+    DEFAULT_BUDGETS[spec.name] = spec.default_budget
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a method :func:`register` added (``KeyError`` for an unknown one)."""
+    del METHODS[name]
+    del DEFAULT_BUDGETS[name]
+
+
 def get_method(name: str) -> MethodSpec:
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; choose one of {', '.join(sorted(METHODS))}")
