@@ -1,56 +1,17 @@
-"""Tiny randomly initialised fp32 models built from configs (no downloads, seconds to build)."""
+"""Fixtures for every test: the tiny models (``helpers/models.py``), one torch thread per module,
+and draft-tree's cost-aware cut of the presets turned off."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-TINY_VOCAB = 96
-
-
-def tiny_llama(vocab: int = TINY_VOCAB, seed: int = 0, layers: int = 2) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
-    )
-    cfg._attn_implementation = "sdpa"
-    return LlamaForCausalLM(cfg).eval()
-
-
-def tiny_qwen2(vocab: int = TINY_VOCAB, seed: int = 1, layers: int = 2) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
-    )
-    cfg._attn_implementation = "sdpa"
-    return Qwen2ForCausalLM(cfg).eval()
-
-
-TINY_MODELS = {"llama": tiny_llama, "qwen2": tiny_qwen2}
+from tests.helpers.models import TINY_MODELS, tiny_llama, tiny_tokenizer
 
 
 @pytest.fixture(params=sorted(TINY_MODELS))
 def tiny_model(request):
     return TINY_MODELS[request.param]()
-
-
-def tiny_tokenizer(vocab: int = TINY_VOCAB):
-    """A word-level tokenizer over ``w3 .. w{vocab-1}`` plus specials, with a trivial chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = {"<pad>": 0, "<s>": 1, "</s>": 2}
-    words.update({f"w{i}": i for i in range(3, vocab)})
-    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w3 {% endif %}"
-    return fast
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ want() { [[ ",$STAGES," == *",$1,"* ]]; }
 } >"$RES/machine.txt" 2>&1
 cat "$RES/machine.txt"
 
-want tests && stage cuda-tests 150 $PY -m pytest -m cuda tests/test_cuda.py -p no:cacheprovider -p no:warnings -q
+want tests && stage cuda-tests 150 $PY -m pytest -m cuda tests/lossless/test_cuda.py -p no:cacheprovider -p no:warnings -q
 
 MODELS=$(ls "$CONFIGS")
 want profile || want bench || want serve || want attention || want fusion || want graphs || want projection && stage random-models 90 $PY benchmarks/tools/random_models.py $(for m in $MODELS; do echo "$CONFIGS/$m"; done) --out "$WORK/models"

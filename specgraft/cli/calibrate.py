@@ -24,7 +24,7 @@ import typer
 
 from specgraft.cli.options import CHAT_RECORDS, draft_quant_option
 
-#: The presets as ``--preset``'s help describes them (``tests/test_calibrate_cli.py`` checks
+#: The presets as ``--preset``'s help describes them (``tests/unit/cli/test_calibrate_cli.py`` checks
 #: this against ``drafters.draft_model.PRESETS``, which this module does not import: torch).
 PRESET_HELP = "cpu (depth 4, top-k 2, 8 nodes) or gpu (the paper's depth 8, top-k 10, 60 nodes)"
 

@@ -265,7 +265,7 @@ assert set(METHODS) == set(DEFAULT_BUDGETS), f"default budgets for {sorted(DEFAU
 
 def register(spec: MethodSpec) -> MethodSpec:
     """Add a method to the registry (a plugin's, or a test's toy method) and return it; every
-    command, the API and the registry-wide tests (``tests/test_lossless_registry.py``) then know
+    command, the API and the registry-wide tests (``tests/lossless/test_lossless_registry.py``) then know
     it. ``ValueError`` for a name already taken."""
     if spec.name in METHODS:
         raise ValueError(f"method {spec.name!r} is already registered")

@@ -13,7 +13,7 @@ then reads each key/value head seven times.
 query heads of a group become ``n_rep * q`` query rows of their key/value head, the mask
 (shared by the heads) is tiled ``n_rep`` times along its rows, and the output is unpacked. Each
 output row is the same softmax-weighted sum over the same keys and values, so the function is
-``sdpa``'s (``tests/test_attention.py`` compares them); the kernel may sum in another order for
+``sdpa``'s (``tests/unit/models/test_attention.py`` compares them); the kernel may sum in another order for
 another number of query rows, so values can differ by a rounding: the fp32 1.5B target's logits
 were equal bit for bit at 8 and 16 rows over 600 cached tokens, the int8 draft's differed by
 3.8e-6 at 2 rows (its drafts can change; outputs never do, the target verifies). Shapes::
@@ -33,7 +33,7 @@ less (12.3 s instead of 14.3 s, 14.6 s instead of 18.6 s), ~3% of the whole gene
 output unchanged. Used on the CPU only
 (:func:`attention_implementation`): on an H100 the bf16 1.5B and 0.5B forwards are bound by
 launching kernels (20-24 ms for 1 to 64 rows) and packed rows came out 0-7% slower, so a GPU
-keeps ``sdpa`` (``tests/test_cuda.py`` checks the function there all the same).
+keeps ``sdpa`` (``tests/lossless/test_cuda.py`` checks the function there all the same).
 
 Anything else (one row, no mask, a per-head mask, a position bias, no GQA) goes to ``sdpa`` as is.
 The implementation is registered with ``transformers`` as :data:`PACKED_SDPA` (attention and mask

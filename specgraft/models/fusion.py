@@ -24,7 +24,7 @@ it for the int8 draft). Each output column is the same dot product as before:
 
 - int8: weights keep one scale per output channel, and the activations of one call share one
   scale, the same for the fused call as for each member's (same input), with int32 accumulation:
-  the fused outputs equal the separate ones bit for bit (``tests/test_fusion.py``).
+  the fused outputs equal the separate ones bit for bit (``tests/unit/models/test_fusion.py``).
 - fp32: each output is the same dot product over the same inputs, but a kernel may split the
   reduction differently for another output width, so in general outputs could differ by
   rounding; the 1.5B target's logits measured equal to the plain layout's bit for bit at 1-16 rows

@@ -36,7 +36,7 @@ eager forward over the bucket computes; against the eager forward over ``kv_len`
 attention's reduction length differs (masked columns add exact zeros; the kernel may block
 the sum differently), as with any change of padding. The guarantee stays fp32's: in fp32
 greedy outputs with graphs equal those without and Hugging Face's plain greedy decoding
-(``tests/test_cuda.py``, passed on an H100).
+(``tests/lossless/test_cuda.py``, passed on an H100).
 
 Measured on an H100 (bf16, random weights of the 1.5B / 0.5B shapes; ``benchmarks/experiments/gpu/measure_cuda_graphs.py``,
 RESULTS *On a GPU, third time*): ``ar`` 22.6 -> 4.8 ms a token (Hugging Face's ``generate``
@@ -44,7 +44,7 @@ RESULTS *On a GPU, third time*): ``ar`` 22.6 -> 4.8 ms a token (Hugging Face's `
 8.7 ms; the 1.5B's forward 5.3 ms for 1 row, 7.1 for 64.
 
 **Plain twin.** ``capture=False`` does all of the above but capture: a "replay" runs the eager
-forward on the static tensors. It runs on any device; ``tests/test_graphs.py`` compares it with
+forward on the static tensors. It runs on any device; ``tests/unit/models/test_graphs.py`` compares it with
 the plain forwards on the CPU, where no graph can be captured.
 
 Example (on a GPU; ``HFTarget`` builds this itself, see ``HFTarget.graphs``)::

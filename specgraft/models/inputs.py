@@ -42,7 +42,7 @@ class TreeInputs:
         small device ops the device path launches (~1 ms a tree step on an H200, a sixth of the
         step). The ancestor sets stay on the host, so :meth:`commit`'s chain check needs no device
         sync. The same tensors; ``host_tree_inputs = False`` takes the device path (the twin
-        ``tests/test_tree_attention.py`` compares with).
+        ``tests/unit/models/test_tree_attention.py`` compares with).
 
         Example: one committed row, rows ``[root, a, b]`` with ``b`` under ``a`` and padding to 4:
         ids ``[r, a, b, 0]``, positions ``[1, 2, 3, 1]``; the padding row sees only its own column.

@@ -27,7 +27,7 @@ also uses (an output embedding tied to the input embedding): that plain copy sta
 the embedding gathers its rows. So an fp32 model on CPU takes about its own size in memory, not
 twice it (measured per catalog model in the README's CPU section). Weights are assumed frozen
 (inference); pass ``fast_kernels=False`` to :func:`specgraft.models.loading.load_causal_lm` to keep
-plain ``nn.Linear``. ``nn.Linear`` is the plain twin and ``tests/test_kernels.py`` checks both
+plain ``nn.Linear``. ``nn.Linear`` is the plain twin and ``tests/unit/models/test_kernels.py`` checks both
 agree. Applied to the model object itself, so every method and every peer (Hugging Face
 ``generate``) measured on it runs the same kernels.
 
@@ -43,7 +43,7 @@ the model's cost table (``specgraft profile``: pad to the cheapest row count up 
 beats one row by more than 5%), and :class:`~specgraft.api.SpecDecoder` applies it with
 :func:`set_min_rows`; without a table nothing is padded. Every row's output comes from the
 same kernel whatever the other rows hold, so a padded row equals that row in a genuine 4-row
-input (``tests/test_kernels.py``).
+input (``tests/unit/models/test_kernels.py``).
 
 It also chooses the default dtype (:func:`auto_dtype`): float32 on every CPU, where it is the
 exact dtype and bf16 buys no decoding speed; bf16 on GPUs.

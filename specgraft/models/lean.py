@@ -14,7 +14,7 @@ submodules, with the same torch ops in the same order:
     then:       final norm
 
 so its hidden states equal :meth:`HFTarget._decode`'s through Hugging Face bit for bit
-(``tests/test_lean.py`` compares them on prefills, chains, trees, batches and every hidden
+(``tests/unit/models/test_lean.py`` compares them on prefills, chains, trees, batches and every hidden
 layer, for Llama and Qwen2 with plain, fused, int8 and oneDNN linears). Measured on the Zen 5:
 the int8 draft's one-row forward 20.2 -> 18.2 ms, the fp32 1.5B target's 126 -> 121 ms,
 ``draft-tree`` 3.2% faster end to end (``benchmarks/experiments/cpu-kernels/measure_lean.py``; RESULTS, *A lean

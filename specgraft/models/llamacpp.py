@@ -64,7 +64,7 @@ LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 #: Strict mode's batch shape: ``(minimum rows, multiple, maximum rows)``. Measured with the
 #: catalog GGUFs: in batches of 8 to 63 rows, rows in whole groups of 4 are bit-identical
 #: whatever the batch; from 64 query rows on, llama.cpp's CPU flash attention switches to a
-#: tiled kernel that sums a row's cells in tiles (``tests/test_llamacpp.py`` pins it). Longer
+#: tiled kernel that sums a row's cells in tiles (``tests/integration/test_llamacpp.py`` pins it). Longer
 #: strict forwards are split into several decodes of at most 60 rows.
 STRICT_ROWS = (8, 4, 60)
 

@@ -3,7 +3,7 @@
 Rows of a verify pass are ``[root, node 0, node 1, ...]``; row ``i + 1`` is node ``i``.
 :func:`pending_ancestors` is what the adapter (``models/hf.py``) runs, on the device and
 incrementally (rows added to rows already pending); :func:`tree_layout` is its plain twin, a
-loop over the nodes, and ``tests/test_layout.py`` checks they agree.
+loop over the nodes, and ``tests/unit/tree/test_layout.py`` checks they agree.
 
 Example, the 2x2 tree ``parents = [-1, -1, 0, 0]`` (two children of the root, node 0 has two
 children)::

@@ -93,7 +93,7 @@ def verify_rejection(
     always rejected, but that rejection still moves the residual to
     ``normalize(max(p' - q, 0))``. Dropping the duplicate skips that move, and fixed-``q``
     on deduplicated children is biased (by up to 0.17 in total variation at one node with
-    V = 3 and three draws, found by enumeration; ``tests/test_sampling_stats.py`` shows a
+    V = 3 and three draws, found by enumeration; ``tests/lossless/test_sampling_stats.py`` shows a
     statistical test catching it). Renormalising ``q`` is exact with or without duplicates
     removed, and a rejected token can never come back: ``p`` and ``q_j`` are 0 there.
 

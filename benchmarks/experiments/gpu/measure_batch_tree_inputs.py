@@ -22,7 +22,7 @@ def main() -> None:
     import torch
 
     from specgraft.models.hf import HFTarget
-    from tests.conftest import tiny_llama
+    from tests.helpers.models import tiny_llama
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", default="1,4,16")

@@ -87,7 +87,7 @@ def load(model_name: str, path: str, variant: str) -> nn.Module:
 
     dtype = torch.float32 if variant == "float32" else torch.bfloat16
     if model_name == "tiny":
-        from tests.conftest import tiny_llama
+        from tests.helpers.models import tiny_llama
 
         model = tiny_llama().to(dtype)
     else:

@@ -52,7 +52,7 @@ class AdaPLDConfig:
     lazy: bool = True
     """Look up a successor only when it can pass ``min_prob`` (else only if its branch turns out
     right, in ``observe``, to learn from it); False builds every successor and cuts after (the
-    plain twin: the same trees and rates, ``tests/test_adapld.py``)."""
+    plain twin: the same trees and rates, ``tests/unit/drafters/test_adapld.py``)."""
     anchor_logits: str = "draft"
     """How a prompt anchor's next-token distribution (its branch tokens) is computed from its
     final hidden state: ``"draft"`` through the target's drafting head (``HFTarget.draft_head``:

@@ -171,7 +171,7 @@ def rows_to_host(logits: torch.Tensor, hidden: torch.Tensor | None, k: int) -> t
     vocabulary): 0.29-0.42 ms for 1-8 rows against 0.40-0.66 ms for the twin's three copies; on
     a 2-core Zen 5 0.28-1.03 ms against 0.28-1.24 (``results-issue13/gpu-adapld-host``). The
     same ids as the twin and the same probabilities to 1e-4 (float32 sums over the vocabulary
-    in another order; ``tests/test_adapld.py``). They rank branches; verification never sees them.
+    in another order; ``tests/unit/drafters/test_adapld.py``). They rank branches; verification never sees them.
 
     >>> ids, probs, units = rows_to_host(torch.tensor([[0.0, 2.0, 1.0]]), torch.tensor([[3.0, 4.0]]), 2)
     >>> ids.tolist(), [round(float(u), 3) for u in units[0]]

@@ -160,7 +160,7 @@ lists, which are then drawn fresh. The gates are the one place where sampled val
 a cut: ``c_d`` reads the values of layers ``1 .. d``, so Graft never lets a stage-dependent
 cut fall inside those layers (``GraftComposer.draft_nodes``), and decides which rule a node
 uses from what every stage would offer there (``tree/build.merge_drafts``).
-``tests/test_sampling_exact.py`` proves this by enumerating every draw on a 4-token
+``tests/lossless/test_sampling_exact.py`` proves this by enumerating every draw on a 4-token
 vocabulary. In the default deterministic mode no ``draft_probs`` are set (sampling then
 verifies by sample-and-match, exact for any candidates).
 

@@ -12,7 +12,7 @@ want() { [[ ",$STAGES," == *",$1,"* ]]; }
 pack() { tar czf $OUT/gpu-results.tgz -C /tmp/sg results; }
 stage() { local name=$1 secs=$2; shift 2; local t0=$SECONDS; timeout $secs "$@" > $R/$name.log 2>&1; echo "== $name rc $? $((SECONDS-t0))s"; grep -v "Loading weights" $R/$name.log | tail -${TAILN:-8} | cut -c1-400; pack; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; nproc; } > $R/machine.txt 2>&1; cat $R/machine.txt
-want tests && TAILN=3 stage cuda-tests 150 python3 -m pytest -m cuda tests/test_cuda.py -p no:cacheprovider -p no:warnings -q -rA
+want tests && TAILN=3 stage cuda-tests 150 python3 -m pytest -m cuda tests/lossless/test_cuda.py -p no:cacheprovider -p no:warnings -q -rA
 stage random-models 60 python3 benchmarks/tools/random_models.py .gpu/configs/qwen2.5-coder-1.5b-instruct --out $M
 T=$M/qwen2.5-coder-1.5b-instruct
 want host && TAILN=6 stage host-bench 90 python3 $H/host_bench.py $T

@@ -22,5 +22,5 @@ stage trace-reader 120 python3 $P/../../project_gpu.py trace --model $T --draft-
   --suite humaneval:6,benchmarks/experiments/adapld-reader/suites/math.jsonl --datastore .gpu/ds/answers \
   --variants "ar,draft-tree,reader,reader-deep=reader:deepen_depth=64:d_deep=8:d_search=16,draft-tree-gpu=draft-tree:preset=gpu,reader-gpu=reader:preset=gpu:deepen_depth=64:d_deep=8:d_search=16" \
   --out $R/gpu-reader.jsonl
-stage cuda-tests 100 python3 -m pytest -m cuda tests/test_cuda.py -p no:cacheprovider -p no:warnings -q
+stage cuda-tests 100 python3 -m pytest -m cuda tests/lossless/test_cuda.py -p no:cacheprovider -p no:warnings -q
 ls -la $OUT

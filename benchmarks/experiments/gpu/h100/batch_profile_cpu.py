@@ -3,7 +3,7 @@
 import cProfile, pstats, sys, time, torch
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 torch.set_num_threads(1)
-from tests.conftest import tiny_qwen2, tiny_tokenizer
+from tests.helpers.models import tiny_qwen2, tiny_tokenizer
 from specgraft.api import SpecDecoder
 from specgraft.config import GenerationConfig
 model = tiny_qwen2(layers=2)
