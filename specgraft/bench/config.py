@@ -129,7 +129,7 @@ class BenchConfig:
     """Show a progress bar and print the resolved config."""
     vllm_python: str | None = None
     """Python of the vLLM venv that runs the vLLM peers; None = ``$SPECGRAFT_VLLM_PYTHON``, else
-    ``/work/.venv-vllm/bin/python`` (the resolved one is recorded in the rows)."""
+    ``.venv-vllm/bin/python`` in the working directory (the resolved one is recorded in the rows)."""
     vllm_spec_tokens: int = 5
     """``num_speculative_tokens`` of every speculative vLLM peer."""
     backend: str = "auto"

@@ -34,7 +34,8 @@ from specgraft.bench.contract import MethodRun
 
 #: Environment variable naming the vLLM venv's python (``--vllm-python`` wins).
 VLLM_PYTHON_ENV = "SPECGRAFT_VLLM_PYTHON"
-DEFAULT_VLLM_PYTHON = "/work/.venv-vllm/bin/python"
+#: Without it: the venv docs/vllm.md creates in the working directory.
+DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"
 VLLM_BASELINE = "vllm"
 
 VLLM_PEERS: dict[str, str] = {

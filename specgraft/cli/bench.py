@@ -93,7 +93,7 @@ def bench(
     cost_table: str = COST_TABLE,
     vllm_python: Optional[str] = typer.Option(
         None, "--vllm-python",
-        help="Python of the vLLM venv that runs the vLLM peers (default: $SPECGRAFT_VLLM_PYTHON, else /work/.venv-vllm/bin/python).",
+        help="Python of the vLLM venv that runs the vLLM peers (default: $SPECGRAFT_VLLM_PYTHON, else .venv-vllm/bin/python in the working directory, as docs/vllm.md creates it).",
     ),
     vllm_spec_tokens: int = typer.Option(5, "--vllm-spec-tokens", help="num_speculative_tokens of the speculative vLLM peers."),
     peer_process: str = typer.Option(

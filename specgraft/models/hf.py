@@ -42,22 +42,25 @@ from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
 from specgraft.models.device import attention_backends
 from specgraft.models.inputs import TreeInputs
 from specgraft.models.loading import cache_kwarg, check_tree_attention, load_causal_lm
+from specgraft.models.options import TargetOptions
 
 class HFTarget(TreeInputs):
     """Wraps an ``AutoModelForCausalLM`` with a :class:`SlotCache` (one slot per sequence).
 
-    ``capacity`` is the initial rows per slot (the cache grows by doubling); call
-    :meth:`reserve` with a generation's whole length to allocate once.
+    How it computes is one frozen :class:`~specgraft.models.options.TargetOptions` (prefill chunk,
+    initial slot capacity, lean forward, CUDA graphs, the fast input builders); keyword arguments
+    change single fields of ``options``. Call :meth:`reserve` with a generation's whole length to
+    allocate the cache once.
     """
 
     #: ``forward_batch(fill_outputs=True)`` returns a fused start's prompt rows' hidden states,
     #: so drafters with ``deferred_prefill`` may start fused (``SpecEngine.start``)
     fill_outputs: ClassVar[bool] = True
 
-    def __init__(
-        self, model: PreTrainedModel, prefill_chunk: int | None = None, capacity: int = 256, cuda_graphs: bool | None = None,
-        lean: bool | None = None,
-    ):
+    def __init__(self, model: PreTrainedModel, options: TargetOptions | None = None, **changes):
+        # one frozen record of how this target computes; keyword arguments change single fields:
+        # HFTarget(model, prefill_chunk=6) == HFTarget(model, TargetOptions(prefill_chunk=6))
+        self.options = (options or TargetOptions()).replace(**changes)
         check_tree_attention(model)
         self.model = model.eval()
         self.config = model.config.get_text_config(decoder=True)
@@ -74,31 +77,21 @@ class HFTarget(TreeInputs):
         # cache (the 1.5B in fp32 on a 2-core Zen 5: a 512-token prompt 3.28 s in chunks of 256
         # against 3.67 s in chunks of 512, 1,024 tokens 6.9-7.3 against 7.7 s; 192-384 alike, the
         # 0.5B level), 512 elsewhere (a GPU's eager forward is launch-bound: fewer is better)
-        if prefill_chunk is not None and prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        self.prefill_chunk = prefill_chunk or (256 if self.device.type == "cpu" else 512)
-        self.cache = SlotCache(self.config.num_hidden_layers, capacity)
+        self.prefill_chunk = self.options.prefill_chunk or (256 if self.device.type == "cpu" else 512)
+        self.cache = SlotCache(self.config.num_hidden_layers, self.options.capacity)
         # slot -> [P, P] bool: which pending rows each pending row sees (ancestors and itself); a
         # numpy array when built on the host (:meth:`_host_tree_inputs`), moved on first device use
         self._ancestors: dict[int, torch.Tensor | np.ndarray] = {}
-        # one-row-per-slot forwards build their inputs at once (:meth:`_plain_inputs`), and so do
-        # tree forwards of slots with equally many pending rows (:meth:`_batch_tree_inputs`)
-        self.plain_fast_path = True
-        self.batched_tree_inputs = True
-        # one sequence's tree with nothing pending, given as host lists (the engine's verify pass),
-        # gets its inputs built on the host and sent in two copies (:meth:`_host_tree_inputs`)
-        self.host_tree_inputs = True
-        # forwards replayed as CUDA graphs (``models/graphs.py``); None = eager. ``cuda_graphs``
-        # None: on a CUDA device unless SPECGRAFT_CUDA_GRAPHS=0
+        # forwards replayed as CUDA graphs (``models/graphs.py``); None = eager
         self.graphs: DecoderGraphs | None = None
         # several prompts prefilled in one forward (:meth:`prefill_batch`, ``SpecEngine.start_many``):
         # on a GPU a forward is launch-bound, so 16 prompts cost about what one does; on a CPU a
         # forward is compute-bound and padding to the longest prompt would only add work
         self.batched_prefill = self.device.type != "cpu"
         # the decoder's forward as one plain loop of the same ops (``models/lean.py``; bit for bit
-        # Hugging Face's): None = Hugging Face's forward. ``lean`` None: on the CPU, for the
-        # models it supports, unless SPECGRAFT_LEAN=0
+        # Hugging Face's): None = Hugging Face's forward
         self.lean: LeanDecoder | None = None
+        lean, cuda_graphs = self.options.lean, self.options.cuda_graphs
         if lean_by_default(self.device) if lean is None else lean:
             self.lean = lean_decoder(self.decoder)
         if graphs_by_default(self.device) if cuda_graphs is None else cuda_graphs:
@@ -372,16 +365,16 @@ class HFTarget(TreeInputs):
         n_rows = self.graphs.rows(n_max) if self.graphs is not None else n_max
         plain = n_rows == 1 and min(counts) == 1 and not any(self.cache.pending[s] for s in slots)
         if (
-            self.host_tree_inputs and len(slots) == 1 and not plain and not self.cache.pending[slots[0]]
+            self.options.host_tree_inputs and len(slots) == 1 and not plain and not self.cache.pending[slots[0]]
             and not isinstance(tokens[0], torch.Tensor) and not isinstance(parent_rows[0], torch.Tensor)
         ):
             ids, positions, masks = self._host_tree_inputs(slots[0], tokens[0], parent_rows[0], n_rows)
         else:
             toks = [torch.as_tensor(t, dtype=torch.long).to(dev) for t in tokens]
             pars = [torch.as_tensor(p, dtype=torch.long).to(dev) for p in parent_rows]
-            if self.plain_fast_path and plain:
+            if self.options.plain_fast_path and plain:
                 ids, positions, masks = self._plain_inputs(slots, toks)
-            elif self.batched_tree_inputs and len(slots) > 1 and len({self.cache.pending[s] for s in slots}) == 1:
+            elif self.options.batched_tree_inputs and len(slots) > 1 and len({self.cache.pending[s] for s in slots}) == 1:
                 ids, positions, masks = self._batch_tree_inputs(slots, toks, pars, counts, n_rows)
             else:
                 ids, positions, masks = self._tree_inputs(slots, toks, pars, counts, n_rows)

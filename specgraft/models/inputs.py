@@ -2,7 +2,7 @@
 of each slot's pending rows (ancestor sets), built on the device or on the host, one slot at a time
 or several at once (:class:`TreeInputs`, which :class:`~specgraft.models.hf.HFTarget` is built on).
 
-The fast paths keep their twins (``HFTarget.plain_fast_path``, ``batched_tree_inputs``,
+The fast paths keep their twins (``TargetOptions.plain_fast_path``, ``batched_tree_inputs``,
 ``host_tree_inputs``); the tests check they build the same inputs bit for bit.
 """
 
@@ -41,7 +41,7 @@ class TreeInputs:
         sent in two copies, ids with positions and the boolean visibility, instead of the dozen
         small device ops the device path launches (~1 ms a tree step on an H200, a sixth of the
         step). The ancestor sets stay on the host, so :meth:`commit`'s chain check needs no device
-        sync. The same tensors; ``host_tree_inputs = False`` takes the device path (the twin
+        sync. The same tensors; ``TargetOptions(host_tree_inputs=False)`` takes the device path (the twin
         ``tests/unit/models/test_tree_attention.py`` compares with).
 
         Example: one committed row, rows ``[root, a, b]`` with ``b`` under ``a`` and padding to 4:
@@ -103,7 +103,7 @@ class TreeInputs:
         slots at once: one batched :func:`pending_ancestors` and a few whole-batch ops instead of
         a dozen small ops a slot, which on a GPU cost more than the forward they feed once it is
         replayed as a CUDA graph (a tree step at 16 sequences cost twice a plain one). The same
-        tensors; ``batched_tree_inputs = False`` takes the slot-by-slot path (the twin the tests
+        tensors; ``TargetOptions(batched_tree_inputs=False)`` takes the slot-by-slot path (the twin the tests
         compare with).
 
         Each slot's rows are padded to ``n = n_rows`` (default ``max(counts)``) with parent -1: a
@@ -140,7 +140,7 @@ class TreeInputs:
         """:meth:`_tree_inputs` when every slot feeds one row with nothing pending (plain batched
         decoding: ``ar``, or any method at budget 0), built for all slots at once instead of
         slot by slot (a dozen small ops per sequence, which on a GPU cost more than the
-        forward's own launches at 16 sequences). The same tensors; ``plain_fast_path = False``
+        forward's own launches at 16 sequences). The same tensors; ``TargetOptions(plain_fast_path=False)``
         takes the slot-by-slot path (the twin the tests compare with)."""
         dev = self.device
         committed = [self.length(s) for s in slots]

@@ -39,8 +39,7 @@ def main() -> None:
         logits: dict[bool, list[torch.Tensor]] = {}
         for rep in range(args.repeats):
             for batched in ((True, False) if rep % 2 == 0 else (False, True)):
-                target = HFTarget(model)
-                target.batched_tree_inputs = batched
+                target = HFTarget(model, batched_tree_inputs=batched)
                 slots = [target.allocate() for _ in range(b)]
                 for s in slots:
                     target.prefill(s, [5 + (3 * i + s) % 90 for i in range(64)])

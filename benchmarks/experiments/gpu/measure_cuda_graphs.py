@@ -152,7 +152,7 @@ def main() -> None:
 
     def tree_inputs(whole: bool) -> None:
         for t in targets["draft-tree"]:
-            t.batched_tree_inputs = whole
+            t.options = t.options.replace(batched_tree_inputs=whole)
 
     labels = {True: "graphs, whole-batch inputs", False: "graphs, slot-by-slot inputs"}
     report["batched_draft_tree_ms"] = step_ms("draft-tree", tree_inputs, labels, 48)

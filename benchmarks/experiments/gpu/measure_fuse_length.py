@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--fuse-max", type=int, help="fused = the engine's rule at this fuse_prefill_max (a long prompt fuses "
                     "the part past its whole prefill chunks), instead of the whole prompt")
     ap.add_argument("--tree-inputs", default="host", choices=("host", "device", "both"),
-                    help="where the forward's ancestor sets and mask are built (HFTarget.host_tree_inputs); both: a row each")
+                    help="where the forward's ancestor sets and mask are built (TargetOptions.host_tree_inputs); both: a row each")
     ap.add_argument("--out", help="JSON with every measurement")
     args = ap.parse_args()
     if args.device == "cpu":
@@ -102,7 +102,7 @@ def main() -> None:
         target = decoder.engine.target
 
         def run(n: int, fuse: bool, where: str) -> tuple[float, list[int], bool]:
-            target.host_tree_inputs = where == "host"
+            target.options = target.options.replace(host_tree_inputs=where == "host")
             return start_and_step(decoder, prompts[n], fuse, args.budget, args.fuse_max)
 
         if not run(lengths[0], True, settings[0])[2]:

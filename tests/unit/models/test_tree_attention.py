@@ -152,8 +152,7 @@ def test_plain_rows_fast_path_equals_the_general_path(tiny_model):
     prompts = [[rng.randrange(3, 96) for _ in range(rng.randrange(2, 14))] for _ in range(5)]
     runs = {}
     for fast in (True, False):
-        target = HFTarget(tiny_model)
-        target.plain_fast_path = fast
+        target = HFTarget(tiny_model, plain_fast_path=fast)
         slots = [target.allocate() for _ in prompts]
         for slot, prompt in zip(slots, prompts):
             target.prefill(slot, prompt[:-1])
@@ -188,8 +187,7 @@ def test_batch_tree_inputs_equal_the_slot_by_slot_inputs(tiny_model):
     prompts = [[5 + (7 * i + j) % 90 for i in range(6 + 3 * j)] for j in range(4)]
     runs = {}
     for batched in (True, False):
-        target = HFTarget(tiny_model)
-        target.batched_tree_inputs = batched
+        target = HFTarget(tiny_model, batched_tree_inputs=batched)
         built = []
         for name in ("_batch_tree_inputs", "_tree_inputs"):
             original = getattr(target, name)
@@ -392,8 +390,7 @@ def test_host_tree_inputs_equal_the_device_inputs(tiny_model):
         assert isinstance(host_seen, np.ndarray) and np.array_equal(host_seen, target._ancestors[slot].numpy())
     runs = {}
     for on in (True, False):
-        target = HFTarget(tiny_model)
-        target.host_tree_inputs = on
+        target = HFTarget(tiny_model, host_tree_inputs=on)
         slot = target.allocate()
         target.prefill(slot, [5, 6, 7, 8])
         outs = [target.forward_rows(slot, [9, 4, 11, 12], [-1, 0, 0, 1], output_hidden=True, hidden_layer=1)]
