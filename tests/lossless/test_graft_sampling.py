@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from specgraft.composers.graft import VARIANTS, GraftComposer, StagePlanner
+from specgraft.composers.graft import GraftComposer, StagePlanner
 
 from specgraft.methods.graft import graft_config
 from specgraft.config import SamplingConfig
@@ -26,6 +26,9 @@ from specgraft.drafters.recycling import SuccessorMatrix
 
 from tests.helpers.sampling import PROMPT, SyntheticTarget, sample_sequences, total_variation, tv_bound
 from tests.helpers.stubs import TableLM, begin, random_table, sampling_config
+from specgraft.methods.graft import GRAFT_BEHAVIOUR
+
+VARIANTS = tuple(GRAFT_BEHAVIOUR)
 
 N_STAT = 3000
 BUDGET = 6

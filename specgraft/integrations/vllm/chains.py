@@ -221,7 +221,6 @@ CPU_DEFAULT = ChainCost(0.0518, 0.1182, (0.1541, 0.248, 0.4915, 0.5563, 0.5911))
 (``benchmarks/experiments/vllm/step-cost-qwen1.5b-zen3.json``)."""
 
 
-@dataclass
 def costed_chain(tree: Any, k: int, cost: ChainCost) -> list[int]:
     """The tokens of ``tree``'s best chain of at most ``k`` nodes under ``cost`` (``[]`` when no
     chain is expected to pay for its verification)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -16,6 +16,8 @@ from specgraft.integrations.vllm.env import DATASTORE_ENV, require_vllm
 
 logger = logging.getLogger(__name__)
 
+
+@dataclass
 class _Request:
     """What is kept for one request between two ``propose`` calls."""
 

@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 
 from specgraft.calibration import save_calibration
-from specgraft.composers.graft import VARIANTS
 from specgraft.drafters.draft_model import PRESETS
 from specgraft.methods import METHODS, MethodOptions
 from specgraft.methods.graft import GraftOptions, build_graft_method, check_calibration_budget
@@ -16,6 +15,9 @@ from specgraft.methods.graft import GraftOptions, build_graft_method, check_cali
 from tests.helpers.calibration import make_calibration
 from tests.helpers.models import tiny_llama
 from tests.helpers.stubs import Vocab
+from specgraft.methods.graft import GRAFT_BEHAVIOUR
+
+VARIANTS = tuple(GRAFT_BEHAVIOUR)
 
 
 @pytest.fixture(scope="module")

@@ -53,6 +53,10 @@ class StageRecorder:
         self.needs_hidden = inner.needs_hidden
         self.stages: Counter = Counter()
 
+    def __getattr__(self, name):
+        """The wrapped drafter's capabilities (``Drafter``'s declared attributes) and methods."""
+        return getattr(self.inner, name)
+
     def prefill_request(self):
         return self.inner.prefill_request()
 
