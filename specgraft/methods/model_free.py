@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from specgraft.composers.base import Composer
     from specgraft.drafters.base import Drafter
-    from specgraft.methods.registry import MethodOptions
+    from specgraft.methods.options import MethodOptions
     from specgraft.models.base import TargetModel
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from specgraft.composers.reader import ReaderComposer
     from specgraft.drafters.base import Drafter
     from specgraft.drafters.reader_retrieval import ReaderConfig
-    from specgraft.methods.registry import MethodOptions
+    from specgraft.methods.options import MethodOptions
     from specgraft.models.base import TargetModel
 
 #: name -> (summary, changes to ``ReaderConfig``, whether the datastores are read)

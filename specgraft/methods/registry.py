@@ -16,15 +16,16 @@ function imports its drafters when it runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import specgraft.methods.model_free as model_free
 from specgraft.methods.graft import (
-    GRAFT_METHODS, GraftOptions, build_from_method_options, check_calibration_budget, check_graft_options, require_draft_model,
+    GRAFT_METHODS, build_from_method_options, check_calibration_budget, check_graft_options, require_draft_model,
 )
+from specgraft.methods.options import MethodOptions
 from specgraft.methods.reader import READER_METHODS, build_reader, reader_shape, reads_datastores
 
 if TYPE_CHECKING:
@@ -32,11 +33,6 @@ if TYPE_CHECKING:
 
     from specgraft.composers.base import Composer
     from specgraft.drafters.base import Drafter
-    from specgraft.drafters.adapld import AdaPLDConfig
-    from specgraft.drafters.pld import PLDConfig
-    from specgraft.drafters.ptd import PTDConfig
-    from specgraft.drafters.reader_retrieval import ReaderConfig
-    from specgraft.drafters.recycling import RecyclingConfig
     from specgraft.models.base import TargetModel
 
 #: Nodes verified per step when the user gives no budget and no cost table applies, and the
@@ -85,88 +81,6 @@ DEFAULT_BUDGETS: dict[str, int] = {
     "reader-widen": 22,
     "reader-trie": 24,
 }
-
-#: ``MethodOptions.learning`` values (``drafters.base.Learning``; no torch import here).
-LEARNING = ("request", "shared")
-
-
-def _pld_config() -> PLDConfig:
-    from specgraft.drafters.pld import PLDConfig
-
-    return PLDConfig()
-
-
-def _adapld_config() -> AdaPLDConfig:
-    from specgraft.drafters.adapld import AdaPLDConfig
-
-    return AdaPLDConfig()
-
-
-def _reader_config() -> ReaderConfig:
-    from specgraft.drafters.reader_retrieval import ReaderConfig
-
-    return ReaderConfig()
-
-
-def _ptd_config() -> PTDConfig:
-    from specgraft.drafters.ptd import PTDConfig
-
-    return PTDConfig()
-
-
-def _recycling_config() -> RecyclingConfig:
-    from specgraft.drafters.recycling import RecyclingConfig
-
-    return RecyclingConfig()
-
-
-@dataclass(frozen=True)
-class MethodOptions:
-    """Per-method knobs: plain data, printed with every run. Unused fields are ignored by
-    methods that don't read them."""
-
-    pld: PLDConfig = field(default_factory=_pld_config)
-    recycling: RecyclingConfig = field(default_factory=_recycling_config)
-    recycling_state: str | None = None
-    """``.npz`` successor matrix to start from (``specgraft warmup`` writes one)."""
-    ptd: PTDConfig = field(default_factory=_ptd_config)
-    """Width and depth limits, budget share and seed of PTD's perturbation draft tree."""
-    adapld: AdaPLDConfig = field(default_factory=_adapld_config)
-    """AdaPLD's copy length, branch width, semantic threshold and reranking layer (its variants
-    switch components off, ``methods/model_free.py``)."""
-    graft: GraftOptions = field(default_factory=GraftOptions)
-    """Draft model, preset and calibration of ``draft-tree``, the Graft variants and READER."""
-    reader: ReaderConfig = field(default_factory=_reader_config)
-    """READER's tree shape: draft nodes, widening and deepening depths, search key length."""
-    datastores: tuple[str, ...] = ()
-    """Datastore directories (``specgraft datastore build``) that READER searches besides the
-    trie of the sequence's own context; shared and read-only."""
-    row_cost: float | None = None
-    """Cost of one more verified row as a fraction of a one-row target step
-    (``CostTable.row_cost``, ``--row-cost``): when set, ``pld`` and the AdaPLD methods cut their
-    best-first trees where expected tokens per unit of cost peaks instead of at ``min_prob``
-    alone (``tree.paths.cost_aware_subset``); it overrides ``pld.row_cost`` and ``adapld.row_cost``."""
-    cost_table: str | None = "auto"
-    """Cost table (``specgraft profile``) that default budgets are derived from
-    (``budget/defaults.py``): a path; ``"auto"``, resolved by :class:`~specgraft.api.SpecDecoder`
-    and the bench to the measured or shipped table of the model on its device
-    (``budget.costs.find_cost_table``), or None when there is none; None keeps the fixed
-    ``DEFAULT_BUDGETS``. A generation that gives a budget uses it whatever this says."""
-    learning: str = "request"
-    """What a request learns (PLD's copy rates, the successor matrix of ``recycling`` and the
-    Graft variants) is dropped at its end (``request``: every request starts from the shared
-    state, nothing of one user's text reaches another's drafts) or kept for later requests
-    (``shared``: opt-in, for one party's workload); see ``drafters/base.py``."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "datastores", tuple(str(p) for p in self.datastores))
-        if self.recycling_state is not None and not Path(self.recycling_state).is_file():
-            raise ValueError(f"recycling state {self.recycling_state!r} does not exist")
-        if self.row_cost is not None and not self.row_cost >= 0.0:
-            raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
-        if self.learning not in LEARNING:
-            raise ValueError(f"learning must be one of {', '.join(LEARNING)}, got {self.learning!r}")
-
 
 Build = Callable[..., "tuple[list[Drafter], Composer]"]
 
@@ -294,6 +208,7 @@ def default_method(options: MethodOptions, draft_model: Any = None) -> str:
     the earlier default, measured 0.98x plain decoding with a cold successor matrix on the 2-core
     CPU, below ``pld``), and ``draft-tree`` is the plain draft-model tree (no calibration file).
 
+    >>> from specgraft.methods import GraftOptions
     >>> default_method(MethodOptions()), default_method(MethodOptions(graft=GraftOptions(draft_model="qwen2.5-coder-0.5b-instruct")))
     ('pld', 'draft-tree')
     """
