@@ -36,7 +36,6 @@ def main() -> None:
     args = ap.parse_args()
 
     from specgraft import SpecDecoder
-    from specgraft.agreement import agreement
     from specgraft.methods import GraftOptions, MethodOptions
     from specgraft.suites import load_suite
 
