@@ -30,25 +30,13 @@ from specgraft.bench.records import RESULTS_FILE, read_rows  # noqa: E402
 from specgraft.bench.runner import round_order, to_measure  # noqa: E402
 
 from tests.helpers.gguf_models import write_tiny_gguf  # noqa: E402
+from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
 
 MAX_NEW = 8
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's printable stand-in character for every byte (what a ByteLevel vocabulary holds)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    n = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return dict(zip(printable, map(chr, chars)))
 
 
 def byte_tokenizer():

@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from specgraft.models.catalog import (
     COMPLETE_MARKER,
@@ -223,19 +224,6 @@ def test_bad_catalog_values() -> None:
 
 # --- conversion of a tiny real GGUF (written with the `gguf` package) -------------------------
 
-def _byte_level_tokens() -> list[str]:
-    """The 256 GPT-2 byte-level symbols, so any text tokenizes."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs = bs[:]
-    extra = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + extra)
-            extra += 1
-    return [chr(c) for c in cs]
-
-
 def _write_tiny_llama_gguf(path: Path, tied: bool) -> Path:
     """A 2-layer llama GGUF with f32 tensors and a byte-level BPE tokenizer (~100 KB)."""
     gguf = pytest.importorskip("gguf")
@@ -257,7 +245,7 @@ def _write_tiny_llama_gguf(path: Path, tied: bool) -> Path:
     w.add_vocab_size(vocab)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list([*_byte_level_tokens(), "<s>", "</s>", "<unk>", "Ġt"])
+    w.add_token_list([*bytes_to_unicode().values(), "<s>", "</s>", "<unk>", "Ġt"])
     w.add_token_types([1] * 256 + [3, 3, 3, 1])
     w.add_token_merges(["Ġ t"])
     w.add_bos_token_id(256)
