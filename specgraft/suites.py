@@ -33,6 +33,8 @@ SUITES: dict[str, str] = {
     "eagle": "eagle_eval.jsonl",
     # bug-fix prompts built from HumanEval by benchmarks/make_code_edit.py; chat-templated
     "code-edit": "code_edit.jsonl",
+    # Spec-Bench's RAG items as quote-and-cite prompts (READER's RAG regime), built by benchmarks/make_rag_cite.py
+    "rag-cite": "rag_cite.jsonl",
 }
 
 # tasks whose prompts are completed as raw text, never through the chat template

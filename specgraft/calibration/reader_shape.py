@@ -37,6 +37,11 @@ from typing import Any, Sequence
 import numpy as np
 
 FORMAT = "specgraft-reader-shape"
+SHAPE_KEYS = ("draft_nodes", "d_search", "d_deep")
+"""What ``specgraft tune`` searches and writes."""
+OPTIONAL_KEYS = ("deepen_depth", "key_len", "min_match", "search_nodes", "width")
+"""Other ``ReaderConfig`` fields a shape file may set (written by hand: ``tune`` keeps them at
+their defaults)."""
 
 
 @dataclass
@@ -159,7 +164,10 @@ def load_shape(path: str | Path, identity: dict[str, Any] | None = None) -> dict
         if diff:
             raise ValueError(f"reader shape {str(path)!r} was tuned for another setup: " + ", ".join(diff))
     shape = data["shape"]
-    return {k: int(shape[k]) for k in ("draft_nodes", "d_search", "d_deep")}
+    unknown = sorted(set(shape) - set(SHAPE_KEYS) - set(OPTIONAL_KEYS))
+    if unknown:
+        raise ValueError(f"reader shape {str(path)!r} has unknown fields {unknown}; known: {', '.join(SHAPE_KEYS + OPTIONAL_KEYS)}")
+    return {k: int(shape[k]) for k in SHAPE_KEYS} | {k: int(shape[k]) for k in OPTIONAL_KEYS if k in shape}
 
 
 def predict(path: str | Path, draft_nodes: int, d_search: int, d_deep: int) -> ShapeChoice:

@@ -13,6 +13,8 @@ from typing import Optional
 
 import typer
 
+from specgraft.cli.options import DATASTORE, READER_SHAPE
+
 
 def _ints(text: str, what: str) -> list[int]:
     try:
@@ -92,6 +94,8 @@ def bench_serve(
     recycling_state: Optional[str] = typer.Option(
         None, "--recycling-state", help="Successor matrix .npz from `specgraft warmup` for recycling (default: an empty one per request).",
     ),
+    datastore: Optional[list[str]] = DATASTORE,
+    reader_shape: Optional[str] = READER_SHAPE,
     hf: bool = typer.Option(True, "--hf/--no-hf", help="Also run Hugging Face generate on padded batches."),
     bracket: bool = typer.Option(
         True, "--bracket/--no-bracket", help="Run ar again after the methods at each batch size (ar-end); ratios against the mean of both passes.",
@@ -117,8 +121,9 @@ def bench_serve(
     from specgraft.budget.costs import CostTable
     from specgraft.bench.batched import bench_batches, resolve_warmup, write_rows
     from specgraft.bench.environment import environment
-    from specgraft.cli.options import cost_table_value, set_threads
+    from specgraft.cli.options import cost_table_value, set_threads, split_paths
     from specgraft.methods import GraftOptions, MethodOptions, get_method
+    from specgraft.methods.reader import reader_config
     from specgraft.suites import load_suite
 
     console = Console(stderr=True, highlight=False)
@@ -132,7 +137,12 @@ def bench_serve(
     graft = GraftOptions(draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant) if draft_model else GraftOptions()
     # the same table gives each method's default budget (budget/defaults.py) and each batch size's
     # a bad cost table or recycling state path fails here
-    options = MethodOptions(graft=graft, cost_table=cost_table_value(cost_table or "auto"), recycling_state=recycling_state)
+    options = MethodOptions(
+        graft=graft, cost_table=cost_table_value(cost_table or "auto"), recycling_state=recycling_state, datastores=split_paths(datastore),
+        reader=reader_config(reader_shape, model, draft_model, graft.preset),
+    )
+    for name in names:
+        get_method(name).check(options)  # a missing or broken datastore, before the target loads
     ar = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device, options=options)
     decoders = {"ar": ar} | {n: ar.with_method(n) for n in names[1:]}
     path = ar.options.cost_table
@@ -158,6 +168,7 @@ def bench_serve(
         "max_new_tokens": max_new_tokens, "cost_table": str(path) if path else None, "threads": torch.get_num_threads(),
         "device": str(ar.target.device), "dtype": dtype_name, "draft_quant": draft_quant if draft_model else None,
         "bracket": bracket and rounds == 1, "rounds": rounds, "recycling_state": recycling_state, "warmup": warmup,
+        "datastores": list(options.datastores), "reader_shape": reader_shape,
         "environment": environment(dtype_name),
     }
     typer.echo(write_rows(rows, out, meta).read_text())

@@ -7,7 +7,9 @@ Per step, from a :class:`~specgraft.drafters.draft_model.ModelDraft` and a
    order, a cut that does not depend on the children's values). READER's drafter is
    ``draft-tree``'s, capped at ``draft_nodes`` (``methods/reader.py``), so this is the tree
    ``draft-tree`` would verify;
-2. **widening**: the retrieved path of ``d_search`` tokens at the root;
+2. **widening**: the retrieved path of ``d_search`` tokens at the root (or, with
+   ``search_nodes > 0``, a retrieved tree of that many nodes: ``reader-search``, which has no
+   draft model and so neither step 1 nor 3);
 3. **deepening** (Alg. 4): ``u`` = the node at depth ``min(deepen_depth, draft depth)`` on the
    draft's best path; the path searched with the context followed by the draft tokens down to
    ``u`` (``d_deep`` tokens) hangs under ``u``.
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from specgraft.drafters.draft_model import ModelDraft, trim
-from specgraft.drafters.reader_retrieval import ReaderConfig, RetrievalDraft, path_drafts
+from specgraft.drafters.reader_retrieval import ReaderConfig, RetrievalDraft, path_drafts, tree_drafts
 from specgraft.tree.build import merge_drafts
 from specgraft.tree.paths import best_first_order, best_path, token_paths
 from specgraft.types import Draft, DraftTree
@@ -90,6 +92,8 @@ class ReaderComposer:
             parts.append(draft)
         if retrieved.path is not None:
             parts += path_drafts(retrieved.path)
+        if retrieved.tree is not None:
+            parts += tree_drafts(retrieved.tree)
         prefix: list[int] = []
         deep_tokens: tuple[int, ...] = ()
         if draft is not None and len(draft) and cfg.d_deep > 0 and retrieved.search is not None:

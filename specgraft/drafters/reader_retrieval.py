@@ -30,7 +30,7 @@ from typing import Callable, ClassVar, Sequence
 
 from specgraft.config import GenerationConfig
 from specgraft.drafters.base import StatelessDrafter
-from specgraft.retrieval import Datastore, SearchPath, TokenTrie, search_path
+from specgraft.retrieval import Datastore, SearchPath, SearchTree, TokenTrie, search_path, search_tree
 from specgraft.types import Draft, PrefillOutput, StepResult
 
 
@@ -52,27 +52,50 @@ class ReaderConfig:
     """Context suffix length of the search keys (``L_suffix``); keys back off to shorter suffixes."""
     merge: str = "longest"
     """How trie and datastore counts are combined (``retrieval/search.py``)."""
+    min_match: int = 1
+    """A retrieved path stops (a retrieved tree stops growing) at a level answered on a key
+    shorter than this: the pruning Theorem 1 implies (1 = none, the paper's search)."""
+    search_nodes: int = 0
+    """0: the widening is one path of ``d_search`` tokens (READER with a draft model). Above 0: it
+    is a best-first retrieved *tree* of this many nodes at most ``d_search`` deep
+    (:func:`~specgraft.retrieval.search.search_tree`, the paper's retrieval-only "Search +
+    datastore" setting, ``reader-search``)."""
+    width: int = 4
+    """Children per node of a retrieved tree (``search_nodes > 0``)."""
 
     def __post_init__(self) -> None:
-        if self.d_search < 0 or self.d_deep < 0 or (self.draft_nodes is not None and self.draft_nodes < 0):
-            raise ValueError(f"d_search, d_deep and draft_nodes must be >= 0, got {self.d_search}, {self.d_deep}, {self.draft_nodes}")
-        if self.key_len < 1 or self.deepen_depth < 1:
-            raise ValueError(f"key_len and deepen_depth must be >= 1, got {self.key_len}, {self.deepen_depth}")
+        if self.d_search < 0 or self.d_deep < 0 or (self.draft_nodes is not None and self.draft_nodes < 0) or self.search_nodes < 0:
+            raise ValueError(
+                f"d_search, d_deep, draft_nodes and search_nodes must be >= 0, got {self.d_search}, {self.d_deep}, "
+                f"{self.draft_nodes}, {self.search_nodes}"
+            )
+        if self.key_len < 1 or self.deepen_depth < 1 or self.min_match < 1 or self.width < 1:
+            raise ValueError(
+                f"key_len, deepen_depth, min_match and width must be >= 1, got {self.key_len}, {self.deepen_depth}, "
+                f"{self.min_match}, {self.width}"
+            )
 
     def with_draft_nodes(self, default: int) -> "ReaderConfig":
         """This shape with ``draft_nodes`` set: its own, else ``default`` (``draft-tree``'s budget).
 
         >>> ReaderConfig().with_draft_nodes(16).budget, ReaderConfig(draft_nodes=4).with_draft_nodes(16).budget
         (24, 12)
+        >>> ReaderConfig(draft_nodes=0, d_deep=0, search_nodes=12, d_search=24).budget
+        12
         """
         return self if self.draft_nodes is not None else replace(self, draft_nodes=default)
+
+    @property
+    def widening_nodes(self) -> int:
+        """Nodes of the widening: the retrieved tree's, else the path's depth."""
+        return self.search_nodes if self.search_nodes > 0 else self.d_search
 
     @property
     def budget(self) -> int:
         """``B_tokens``: nodes of the full per-step shape (``draft_nodes`` must be resolved)."""
         if self.draft_nodes is None:
             raise ValueError("READER's draft_nodes is not resolved: call with_draft_nodes(draft-tree's budget) first")
-        return self.draft_nodes + self.d_search + self.d_deep
+        return self.draft_nodes + self.widening_nodes + self.d_deep
 
 
 @dataclass
@@ -87,6 +110,8 @@ class RetrievalDraft(Draft):
     """The widening path (a chain at the root) plus how to search a deepening path."""
 
     path: SearchPath | None = None
+    tree: SearchTree | None = None
+    """The widening as a retrieved tree (``ReaderConfig.search_nodes > 0``) instead of ``path``."""
     search: Callable[[Sequence[int], int], SearchPath] | None = field(default=None, repr=False)
     """``search(prefix, depth)``: the path after the context followed by ``prefix``."""
 
@@ -110,6 +135,29 @@ def path_drafts(path: SearchPath, anchor: Sequence[int] = ()) -> list[Draft]:
     return drafts
 
 
+def tree_drafts(tree: SearchTree) -> list[Draft]:
+    """A retrieved tree as drafts that record each node's source: one draft when every node has
+    the same source, else one single-node draft per node, hung under its parent's path, in the
+    tree's (parents-first) order.
+
+    >>> t = SearchTree(tokens=(4, 5, 6), parents=(-1, 0, 0), sources=("trie",) * 3, scores=(1.0, .6, .4), matched=(2, 2, 2))
+    >>> [(d.source, d.tokens, d.parents) for d in tree_drafts(t)]
+    [('trie', [4, 5, 6], [-1, 0, 0])]
+    >>> t = SearchTree(tokens=(4, 5), parents=(-1, 0), sources=("trie", "datastore"), scores=(1.0, .5), matched=(2, 1))
+    >>> [(d.source, d.tokens, d.anchor) for d in tree_drafts(t)]
+    [('trie', [4], ()), ('datastore', [5], (4,))]
+    """
+    if not len(tree):
+        return []
+    if len(set(tree.sources)) == 1:
+        return [Draft(source=tree.sources[0], tokens=list(tree.tokens), parents=list(tree.parents), scores=list(tree.scores))]
+    return [
+        Draft(source=tree.sources[i], tokens=[tree.tokens[i]], parents=[-1], scores=[tree.scores[i]],
+              anchor=tree.path(tree.parents[i]) if tree.parents[i] >= 0 else ())
+        for i in range(len(tree))
+    ]
+
+
 class ReaderRetrieval(StatelessDrafter):
     """Trie + datastores, READER's SearchPath (source names per node: ``trie`` / ``datastore``)."""
 
@@ -127,11 +175,21 @@ class ReaderRetrieval(StatelessDrafter):
     def search(self, state: ReaderState, context: Sequence[int], prefix: Sequence[int], depth: int) -> SearchPath:
         state.searches += 1
         key = [*context[-self.config.key_len :], *prefix]
-        return search_path(key, depth, state.trie, self.datastores, key_len=self.config.key_len, merge=self.config.merge)
+        return search_path(key, depth, state.trie, self.datastores, key_len=self.config.key_len, merge=self.config.merge,
+                           min_match=self.config.min_match)
 
     def propose(self, state: ReaderState, context: Sequence[int], budget: int) -> RetrievalDraft:
-        path = self.search(state, context, (), self.config.d_search)
-        ctx = list(context[-self.config.key_len :])
+        cfg = self.config
+        ctx = list(context[-cfg.key_len :])
+        if cfg.search_nodes > 0:
+            state.searches += 1
+            tree = search_tree(ctx, min(cfg.search_nodes, budget), cfg.d_search, state.trie, self.datastores, key_len=cfg.key_len,
+                               merge=cfg.merge, min_match=cfg.min_match, width=cfg.width)
+            return RetrievalDraft(
+                source=self.name, tokens=list(tree.tokens), parents=list(tree.parents), tree=tree,
+                search=lambda prefix, depth: self.search(state, ctx, prefix, depth),
+            )
+        path = self.search(state, context, (), cfg.d_search)
         return RetrievalDraft(
             source=self.name, tokens=list(path.tokens), parents=list(range(-1, len(path) - 1)), path=path,
             search=lambda prefix, depth: self.search(state, ctx, prefix, depth),

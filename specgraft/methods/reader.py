@@ -11,6 +11,8 @@ paper's setting: a draft-model tree, widened and deepened). Until 2026-11-27 REA
 bare depth-4 / top-k-2 tree of 8 nodes, which ``draft-tree`` had long outgrown on this CPU
 (*READER on draft-tree's tree* in ``benchmarks/RESULTS.md``). The variants switch off deepening
 (``reader-widen``) or the long-term datastore (``reader-trie``); ``draft-tree`` is the base.
+``reader-search`` is the paper's retrieval-only setting ("Search + datastore"): no draft model,
+a best-first tree retrieved from the trie and the datastores (``ReaderConfig.search_nodes``).
 """
 
 from __future__ import annotations
@@ -34,11 +36,22 @@ READER_METHODS: dict[str, tuple[str, dict[str, Any], bool]] = {
                "(trie of the context + --datastore suffix arrays)", {}, True),
     "reader-widen": ("READER without deepening (the widening path only)", {"d_deep": 0}, True),
     "reader-trie": ("READER without the long-term datastore (the short-term trie alone)", {}, False),
+    "reader-search": ("READER's retrieval-only setting: a best-first tree retrieved from the trie and --datastore, no draft model",
+                      {"draft_nodes": 0, "d_deep": 0}, True),
 }
+
+#: ``reader-search``'s tree when the shape (``--reader-shape``) sets no ``search_nodes``: 16 nodes,
+#: up to 16 deep, no level answered on a one-token key (chosen a priori, not tuned)
+RETRIEVAL_TREE = {"search_nodes": 16, "d_search": 16, "min_match": 2}
 
 
 def reads_datastores(name: str) -> bool:
     return READER_METHODS[name][2]
+
+
+def needs_draft_model(name: str) -> bool:
+    """Whether READER variant ``name`` drafts with a model (every one but ``reader-search``)."""
+    return READER_METHODS[name][1].get("draft_nodes") != 0
 
 
 def reader_config(path: str | None, model: str, draft_model: str | None, preset: str):
@@ -81,20 +94,20 @@ def build_reader(
     from specgraft.models.loading import load_draft_model
 
     options = opts.graft
-    if draft_model is None:
+    config = reader_shape(name, opts)
+    if draft_model is None and config.draft_nodes:
         require_draft_model(name, options, draft_model)
         draft_model = load_draft_model(options.draft_model, options.draft_dtype, target.device, quant=options.draft_quant)
-    config = reader_shape(name, opts)
     stores = []
     if reads_datastores(name):
         if opts.datastores:
             stores = load_method_datastores(tuple(opts.datastores), target.vocab_size, tokenizer)
         else:
             print(f"{name}: no --datastore given; retrieving from the short-term trie alone", file=sys.stderr)
-    drafters: list[Drafter] = [
-        DraftModelDrafter(draft_model, draft_tree_config("draft-tree", options), target_vocab=target.vocab_size, max_nodes=config.draft_nodes),
-        ReaderRetrieval(config, stores),
-    ]
+    drafters: list[Drafter] = [ReaderRetrieval(config, stores)]
+    if config.draft_nodes:
+        model_drafter = DraftModelDrafter(draft_model, draft_tree_config("draft-tree", options), target_vocab=target.vocab_size, max_nodes=config.draft_nodes)
+        drafters.insert(0, model_drafter)
     return drafters, ReaderComposer(config)
 
 
@@ -104,9 +117,14 @@ def reader_shape(name: str, opts: MethodOptions) -> ReaderConfig:
     ``budget`` is ``B_tokens``.
 
     >>> from specgraft.methods import GraftOptions, MethodOptions
-    >>> [reader_shape(n, MethodOptions()).budget for n in ("reader", "reader-widen")], reader_shape("reader", MethodOptions(graft=GraftOptions(preset="gpu"))).budget
-    ([24, 22], 68)
+    >>> [reader_shape(n, MethodOptions()).budget for n in ("reader", "reader-widen", "reader-search")]
+    [24, 22, 16]
+    >>> reader_shape("reader", MethodOptions(graft=GraftOptions(preset="gpu"))).budget
+    68
     """
     from specgraft.methods.graft import preset_budget
 
-    return replace(opts.reader, **READER_METHODS[name][1]).with_draft_nodes(preset_budget(opts.graft, "draft-tree"))
+    config = replace(opts.reader, **READER_METHODS[name][1])
+    if not needs_draft_model(name) and config.search_nodes == 0:
+        config = replace(config, **RETRIEVAL_TREE)
+    return config.with_draft_nodes(preset_budget(opts.graft, "draft-tree"))

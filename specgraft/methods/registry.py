@@ -5,8 +5,8 @@ drafter/composer modules, never editing the engine.
 
 >>> method_names()  # doctest: +NORMALIZE_WHITESPACE
 ['adapld', 'adapld-full', 'adapld-no-branches', 'adapld-no-fallback', 'adapld-no-successor', 'adapld-rerank-only',
- 'ar', 'draft-tree', 'graft', 'graft-fixed', 'graft-prune', 'graft-root', 'graft-tail', 'pld', 'ptd', 'reader', 'reader-trie',
- 'reader-widen', 'recycling']
+ 'ar', 'draft-tree', 'graft', 'graft-fixed', 'graft-prune', 'graft-root', 'graft-tail', 'pld', 'ptd', 'reader', 'reader-search',
+ 'reader-trie', 'reader-widen', 'recycling']
 >>> METHODS["graft"].default_budget, METHODS["graft"].needs_draft_model
 (8, True)
 
@@ -26,7 +26,7 @@ from specgraft.methods.graft import (
     GRAFT_METHODS, build_from_method_options, check_calibration_budget, check_graft_options, require_draft_model,
 )
 from specgraft.methods.options import MethodOptions
-from specgraft.methods.reader import READER_METHODS, build_reader, reader_shape, reads_datastores
+from specgraft.methods.reader import READER_METHODS, build_reader, needs_draft_model, reader_shape, reads_datastores
 
 if TYPE_CHECKING:
     from torch import nn
@@ -80,6 +80,8 @@ DEFAULT_BUDGETS: dict[str, int] = {
     "reader": 24,
     "reader-widen": 22,
     "reader-trie": 24,
+    # retrieval only: a retrieved tree of 16 nodes
+    "reader-search": 16,
 }
 
 Build = Callable[..., "tuple[list[Drafter], Composer]"]
@@ -129,7 +131,8 @@ class MethodSpec:
     def check(self, options: MethodOptions, draft_model: nn.Module | None = None) -> None:
         """``ValueError`` for what ``options`` lack before any model is loaded (e.g. a draft model)."""
         if self.name in READER_METHODS:
-            require_draft_model(self.name, options.graft, draft_model)
+            if self.needs_draft_model:
+                require_draft_model(self.name, options.graft, draft_model)
             if reads_datastores(self.name):
                 from specgraft.retrieval.datastore import read_manifest
 
@@ -169,7 +172,7 @@ METHODS: dict[str, MethodSpec] = {
             for name, summary in GRAFT_METHODS.items()
         ),
         *(
-            _spec(name, summary, partial(build_reader, name), needs_draft_model=True, reads_datastores=reads_datastores(name))
+            _spec(name, summary, partial(build_reader, name), needs_draft_model=needs_draft_model(name), reads_datastores=reads_datastores(name))
             for name, (summary, _, _) in READER_METHODS.items()
         ),
     )

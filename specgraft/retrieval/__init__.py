@@ -15,7 +15,9 @@ datastore directory), ``datastore`` (memory-map and query it), ``trie`` (the str
 
 from specgraft.retrieval.continuations import Continuations
 from specgraft.retrieval.datastore import Datastore, load_datastores, vocab_hash
-from specgraft.retrieval.search import SearchPath, search_path
+from specgraft.retrieval.search import SearchPath, SearchTree, search_path, search_tree
 from specgraft.retrieval.trie import TokenTrie
 
-__all__ = ["Continuations", "Datastore", "SearchPath", "TokenTrie", "load_datastores", "search_path", "vocab_hash"]
+__all__ = [
+    "Continuations", "Datastore", "SearchPath", "SearchTree", "TokenTrie", "load_datastores", "search_path", "search_tree", "vocab_hash",
+]

@@ -80,20 +80,40 @@ def test_greedy_equals_plain_decoding(name, datastore_dir):
     assert (accepted["datastore"] > 0) == (name != "reader-trie")
 
 
-def test_seeded_sampling_equals_plain_sampling(datastore_dir):
-    """Top-k drafts and retrieved paths are deterministic: sample-and-match everywhere, one target
-    draw per emitted token, so a seeded run reproduces ``ar``."""
+# retrieval alone rarely finds what a random tiny model samples: a near-greedy temperature gives
+# reader-search repeats to accept, through the same sampling path
+@pytest.mark.parametrize("name, temperature", [("reader", 0.6), ("reader-search", 0.02)])
+def test_seeded_sampling_equals_plain_sampling(name, temperature, datastore_dir):
+    """Top-k drafts and retrieved paths and trees are deterministic: sample-and-match everywhere,
+    one target draw per emitted token, so a seeded run reproduces ``ar``."""
     model = TINY_MODELS["llama"]()
     target = HFTarget(model)
     options = MethodOptions(datastores=(datastore_dir,))
-    spec = SpecEngine(target, *get_method("reader").build(target, options, perturbed(model)), method="reader")
+    spec = SpecEngine(target, *get_method(name).build(target, options, perturbed(model)), method=name)
     ar = SpecEngine(target, *get_method("ar").build(target, options), method="ar")
     accepted = 0
     for seed, (prompt, _) in enumerate(make_prompts(n=8, vocab=model.config.vocab_size)):
-        config = GenerationConfig(max_new_tokens=16, budget=16, sampling=SamplingConfig(temperature=0.6, seed=seed))
+        config = GenerationConfig(max_new_tokens=16, budget=16, sampling=SamplingConfig(temperature=temperature, seed=seed))
         assert spec.generate_ids(prompt, config) == ar.generate_ids(prompt, config)
         accepted += spec.last_stats.new_tokens - spec.last_stats.steps
     assert accepted > 0
+
+
+def test_retrieval_only_reader_needs_no_draft_model_and_drafts_a_tree(datastore_dir):
+    spec = get_method("reader-search")
+    assert not spec.needs_draft_model and spec.reads_datastores and get_method("reader").needs_draft_model
+    spec.check(MethodOptions())  # no --draft-model: fine
+    model = TINY_MODELS["llama"]()
+    drafters, composer = spec.build(HFTarget(model), MethodOptions(datastores=(datastore_dir,)))
+    assert [type(d).__name__ for d in drafters] == ["ReaderRetrieval"]
+    drafter = ReaderRetrieval(ReaderConfig(draft_nodes=0, d_deep=0, search_nodes=5, d_search=4, key_len=2))
+    state = drafter.begin([5, 6, 7, 5, 6, 8, 5, 6], PrefillOutput(), GenerationConfig())
+    draft = drafter.propose(state, [5, 6, 7, 5, 6, 8, 5, 6], budget=8)
+    tree = ReaderComposer(drafter.config).build([draft], budget=8)
+    # "5 6" was followed by 7 and by 8: two branches at the root, each continued by "5 6"
+    assert sorted(tree.tokens[:2]) == [7, 8] and tree.parents[:2] == [-1, -1] and len(tree) == 5
+    assert drafter.propose(state, [5, 6, 7, 5, 6, 8, 5, 6], budget=3).tree is not None
+    assert len(ReaderComposer(drafter.config).build([drafter.propose(state, [5, 6, 7, 5, 6, 8, 5, 6], budget=3)], 3)) == 3
 
 
 def test_sampled_drafts_keep_the_target_law():
