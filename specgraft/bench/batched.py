@@ -215,7 +215,9 @@ def bench_batches(
     rows: list[BatchRow] = []
     # one policy per method for the whole run, as a server keeps one (module docstring), each
     # starting from its method's measured gains where there are some
-    policies = {name: AdaptiveBudget.for_method(costs, name) for name in decoders if costs is not None and name != "ar"}
+    policies = {
+        name: AdaptiveBudget.for_method(costs, name, decoders[name].spec.gains_from) for name in decoders if costs is not None and name != "ar"
+    }
     for name, policy in policies.items():
         log(f"{name}: adaptive budget, prior from {policy.prior}")
     names = list(decoders) + (["hf"] if hf else [])

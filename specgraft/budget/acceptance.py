@@ -24,12 +24,6 @@ MAX_RANK = 128
 GAINS_PRIOR_WEIGHT = 32.0
 GAINS_PATH = Path(__file__).resolve().parent.parent / "data" / "budget_gains.json"
 
-#: Methods that read another method's gains: the AdaPLD ablations AdaPLD's (they propose subsets
-#: of its tree), the Graft ablations Graft's.
-GAINS_OF = {
-    "adapld-rerank-only": "adapld", "adapld-no-fallback": "adapld", "adapld-no-branches": "adapld",
-    "adapld-no-successor": "adapld", "graft-fixed": "graft", "graft-root": "graft", "graft-tail": "graft",
-}
 
 
 @dataclass(frozen=True)
@@ -68,13 +62,17 @@ def gains_meta(path: str | Path = GAINS_PATH) -> dict:
     return dict(_load(str(path)).get("meta", {}))
 
 
-def budget_gains(method: str, path: str | Path = GAINS_PATH) -> BudgetGains | None:
-    """``method``'s measured gains, or None when none were measured.
+def budget_gains(method: str, source: str | None = None, path: str | Path = GAINS_PATH) -> BudgetGains | None:
+    """``method``'s measured gains, or None when none were measured. ``source``: the method whose
+    measured row stands for ``method``'s (an ablation reads its family's:
+    ``MethodSpec.gains_from``); None: ``method``'s own.
 
     >>> budget_gains("ar") is None, budget_gains("pld").budgets[0]
     (True, 1)
+    >>> budget_gains("graft-root", source="graft").method, budget_gains("graft-root") is None
+    ('graft-root', True)
     """
-    row = _load(str(path)).get("methods", {}).get(GAINS_OF.get(method, method))
+    row = _load(str(path)).get("methods", {}).get(source or method)
     if row is None:
         return None
     steps = row["steps"]

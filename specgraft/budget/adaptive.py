@@ -57,7 +57,6 @@ sequence has left, never on the values of the drafts it caps, so it keeps every 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 from specgraft.budget.acceptance import Acceptance, BudgetGains, Realized, ema, budget_gains
@@ -184,20 +183,20 @@ class AdaptiveBudget:
         self._vetoed_alone: str | None = None
 
     @classmethod
-    def for_method(cls, costs: CostTable, method: str, **kwargs) -> "AdaptiveBudget":
+    def for_method(cls, costs: CostTable, method: str, gains_from: str | None = None, **kwargs) -> "AdaptiveBudget":
         """A policy whose priors are ``method``'s measured gains
-        (:func:`~specgraft.budget.acceptance.budget_gains`, ablations reading their base
-        method's); the generic prior for a method without gains (``ar``, ``reader``, unknown
-        names). The gains were measured with one target/draft pair
+        (:func:`~specgraft.budget.acceptance.budget_gains`; ``gains_from``: the method whose gains
+        stand for it, ``MethodSpec.gains_from``, as an ablation reads its base method's); the
+        generic prior for a method without gains (``ar``, ``reader``, unknown names). The gains were measured with one target/draft pair
         (:func:`~specgraft.budget.acceptance.gains_meta`: the 1.5B/0.5B catalog pair);
         with another model, or another preset, depth or top-k, they are still the starting
         point, as a prior: the online counts correct them (class docstring).
 
         >>> t = CostTable("m", "cpu", {1: {1: 0.3, 9: 0.5}})
-        >>> AdaptiveBudget.for_method(t, "graft-fixed").prior, AdaptiveBudget.for_method(t, "ar").prior
+        >>> AdaptiveBudget.for_method(t, "graft-fixed", "graft").prior, AdaptiveBudget.for_method(t, "ar").prior
         ('measured gains of graft-fixed', 'generic')
         """
-        return cls(costs, gains=budget_gains(method), **kwargs)
+        return cls(costs, gains=budget_gains(method, gains_from), **kwargs)
 
     def predicted(self, batch_size: int, k: int, keys: Sequence[str] | None = None) -> float:
         """Predicted tokens/s of the whole batch at budget ``k``.

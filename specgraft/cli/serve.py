@@ -94,7 +94,7 @@ def serve(
     cost_table = decoder.options.cost_table
     table = CostTable.load(cost_table) if cost_table else None
     # the method's measured gains are the policy's prior (the generic one for a method without them)
-    policy = AdaptiveBudget.for_method(table, method) if table is not None else None
+    policy = AdaptiveBudget.for_method(table, method, get_method(method).gains_from) if table is not None else None
     resolved = decoder.resolved_config(SpecDecoder.make_config(budget=budget))
     adaptive = f"adaptive budget from {cost_table} (prior: {policy.prior})" if policy is not None else "fixed budget"
     err.print(

@@ -84,6 +84,10 @@ DEFAULT_BUDGETS: dict[str, int] = {
     "reader-search": 16,
 }
 
+#: ablations whose default budgets are derived from their family's measured gains
+ADAPLD_GAINS_FROM = {name: "adapld" for name in ("adapld-rerank-only", "adapld-no-fallback", "adapld-no-branches", "adapld-no-successor")}
+GRAFT_ABLATIONS_READING_GRAFT = ("graft-fixed", "graft-root", "graft-tail")
+
 Build = Callable[..., "tuple[list[Drafter], Composer]"]
 
 
@@ -105,6 +109,10 @@ class MethodSpec:
     semantic fallback and reranking), which only the ``hf`` backend returns."""
     reads_datastores: bool = False
     """Whether it searches ``MethodOptions.datastores`` (READER's variants with a datastore)."""
+    gains_from: str | None = None
+    """The method whose measured budget gains (``specgraft/data/budget_gains.json``) stand for this
+    one's: the AdaPLD ablations read AdaPLD's (they propose subsets of its tree), the Graft
+    ablations Graft's; None: its own (or none measured)."""
     budget_check: Callable[[MethodOptions, int], None] | None = None
     """``ValueError`` for a budget the method cannot run at under these options (a gated Graft
     variant whose calibrated thresholds were fitted at another budget); None: any budget."""
@@ -164,11 +172,12 @@ METHODS: dict[str, MethodSpec] = {
             model_free.build_ptd,
         ),
         *(
-            _spec(name, summary, partial(model_free.build_adapld, name), needs_hidden_states=True)
+            _spec(name, summary, partial(model_free.build_adapld, name), needs_hidden_states=True, gains_from=ADAPLD_GAINS_FROM.get(name))
             for name, (summary, _) in model_free.ADAPLD_METHODS.items()
         ),
         *(
-            _spec(name, summary, partial(build_from_method_options, name), needs_draft_model=True, budget_check=_graft_budget_check(name))
+            _spec(name, summary, partial(build_from_method_options, name), needs_draft_model=True, budget_check=_graft_budget_check(name),
+                  gains_from="graft" if name in GRAFT_ABLATIONS_READING_GRAFT else None)
             for name, summary in GRAFT_METHODS.items()
         ),
         *(
@@ -266,7 +275,7 @@ def derived_budget(name: str, options: MethodOptions):
         return None
 
     from specgraft.budget.costs import CostTable
-    from specgraft.budget.acceptance import gains_meta
+    from specgraft.budget.acceptance import budget_gains, gains_meta
     from specgraft.budget.defaults import derive_budget
 
     if name in PROMPT_LOOKUP_METHODS:
@@ -287,7 +296,10 @@ def derived_budget(name: str, options: MethodOptions):
             return None  # long chains: its budget is a cap on confident nodes, not a row count the gains measured
         if stop_min != meta.get("stop_min", 0.0) or (preset.expand if g.expand is None else g.expand) != meta.get("expand"):
             return None
-    return derive_budget(name, CostTable.load(options.cost_table), table=Path(options.cost_table).name, anchor=fixed_budget(name, options))
+    return derive_budget(
+        name, CostTable.load(options.cost_table), gains=budget_gains(name, spec.gains_from), table=Path(options.cost_table).name,
+        anchor=fixed_budget(name, options),
+    )
 
 
 def method_names() -> Sequence[str]:

@@ -15,6 +15,7 @@ from specgraft.budget.costs import CostTable
 from specgraft.budget.acceptance import GAINS_PRIOR_WEIGHT, per_rank
 from specgraft.budget.acceptance import GAINS_PATH, budget_gains
 from specgraft.budget.defaults import predicted_tokens_per_s
+from specgraft.methods import METHODS
 
 ZEN3 = GAINS_PATH.parent / "costs" / "qwen2.5-coder-1.5b-instruct-cpu-t2.json"
 MEASURED = sorted(json.loads(GAINS_PATH.read_text())["methods"])
@@ -98,6 +99,6 @@ def test_methods_without_gains_keep_the_generic_prior(zen3, method):
 
 
 def test_ablations_read_their_base_methods_gains(zen3):
-    policy = AdaptiveBudget.for_method(zen3, "graft-fixed")
+    policy = AdaptiveBudget.for_method(zen3, "graft-fixed", METHODS["graft-fixed"].gains_from)
     assert policy.acceptance.prior == Acceptance.from_gains(budget_gains("graft")).prior
     assert policy.prior == "measured gains of graft-fixed"
