@@ -84,9 +84,12 @@ DEFAULT_BUDGETS: dict[str, int] = {
     "reader-search": 16,
 }
 
-#: ablations whose default budgets are derived from their family's measured gains
-ADAPLD_GAINS_FROM = {name: "adapld" for name in ("adapld-rerank-only", "adapld-no-fallback", "adapld-no-branches", "adapld-no-successor")}
-GRAFT_ABLATIONS_READING_GRAFT = ("graft-fixed", "graft-root", "graft-tail")
+#: ablation -> the method whose measured gains stand for its own (``MethodSpec.gains_from``): the
+#: AdaPLD ablations propose subsets of AdaPLD's tree, the Graft ablations Graft's
+GAINS_FROM = {
+    "adapld-rerank-only": "adapld", "adapld-no-fallback": "adapld", "adapld-no-branches": "adapld",
+    "adapld-no-successor": "adapld", "graft-fixed": "graft", "graft-root": "graft", "graft-tail": "graft",
+}
 
 Build = Callable[..., "tuple[list[Drafter], Composer]"]
 
@@ -172,12 +175,12 @@ METHODS: dict[str, MethodSpec] = {
             model_free.build_ptd,
         ),
         *(
-            _spec(name, summary, partial(model_free.build_adapld, name), needs_hidden_states=True, gains_from=ADAPLD_GAINS_FROM.get(name))
+            _spec(name, summary, partial(model_free.build_adapld, name), needs_hidden_states=True, gains_from=GAINS_FROM.get(name))
             for name, (summary, _) in model_free.ADAPLD_METHODS.items()
         ),
         *(
             _spec(name, summary, partial(build_from_method_options, name), needs_draft_model=True, budget_check=_graft_budget_check(name),
-                  gains_from="graft" if name in GRAFT_ABLATIONS_READING_GRAFT else None)
+                  gains_from=GAINS_FROM.get(name))
             for name, summary in GRAFT_METHODS.items()
         ),
         *(

@@ -234,8 +234,13 @@ def _answers(sources: list[tuple[str, ContinuationSource]], key: Sequence[int], 
 
 
 def _ranked(answers: list[tuple[str, Continuations]], limit: int) -> list[tuple[int, str, float]]:
-    """The first ``limit`` tokens of the summed counts, in :func:`_top`'s order (count descending,
-    smaller id on a tie), each with the source that counted it most and its share."""
+    """The first ``limit`` tokens of the summed counts (count descending, the smaller id on a
+    tie), each with the source that counted it most (the first on a tie) and its share of the
+    summed counts."""
+    if len(answers) == 1:  # one source's continuations are already in this order (Continuations)
+        name, c = answers[0]
+        whole = c.counts.sum()
+        return [(int(t), name, float(n / whole)) for t, n in zip(c.tokens[:limit], c.counts[:limit])]
     tokens, inverse = np.unique(np.concatenate([c.tokens for _, c in answers]), return_inverse=True)
     totals = np.bincount(inverse, weights=np.concatenate([c.counts for _, c in answers]).astype(np.float64))
     order = np.argsort(-totals, kind="stable")  # np.unique sorted the ids: ties keep the smaller first
@@ -249,15 +254,5 @@ def _ranked(answers: list[tuple[str, Continuations]], limit: int) -> list[tuple[
 
 
 def _top(answers: list[tuple[str, Continuations]]) -> tuple[int, str, float]:
-    """The top token of the summed counts (smaller id on a tie), the source that counted it most
-    (the first on a tie), and its share of the summed counts."""
-    if len(answers) == 1:
-        name, c = answers[0]
-        return int(c.tokens[0]), name, float(c.counts[0] / c.counts.sum())
-    tokens, inverse = np.unique(np.concatenate([c.tokens for _, c in answers]), return_inverse=True)
-    totals = np.bincount(inverse, weights=np.concatenate([c.counts for _, c in answers]).astype(np.float64))
-    best = int(np.argmax(totals))  # first maximum: the smallest token id among equal totals
-    token = int(tokens[best])
-    per_source = [int(c.counts[c.tokens == token].sum()) for _, c in answers]
-    name = answers[int(np.argmax(per_source))][0]
-    return token, name, float(totals[best] / totals.sum())
+    """The first of :func:`_ranked`."""
+    return _ranked(answers, 1)[0]
