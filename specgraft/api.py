@@ -120,11 +120,9 @@ class SpecDecoder:
             from specgraft.budget.costs import resolve_cost_table
 
             options = dataclasses.replace(options, cost_table=resolve_cost_table("auto", self.target.name, self.target.cost_device, self.target.threads))
-        if self.backend == "llamacpp" and options.row_cost is None and options.cost_table:
+        if self.target.dear_rows and options.row_cost is None and options.cost_table:
             from specgraft.budget.costs import CostTable
 
-            # llama.cpp's extra rows are dear (the 1.5B Q4_K_M on a 2-core AVX-512 CPU: 4 rows 1.42x
-            # one, 16 rows 3.1x): prompt lookup cuts its trees by the measured row cost by default
             options = dataclasses.replace(options, row_cost=CostTable.load(options.cost_table).row_cost(1))
         self.options = options
         self.small_input_rows: int | None = None  # None: the model's linears were left as they were

@@ -23,9 +23,10 @@ or step by step (what a scheduler does with many sequences)::
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 
@@ -112,6 +113,66 @@ class SequenceState:
     forward (``StepResult.prefill``); False once delivered."""
 
 
+@dataclass(frozen=True)
+class PrefillFusion:
+    """When a prompt's prefill is fed as a chain ahead of the root in the first step's forward
+    (:meth:`SpecEngine.start`) instead of a forward of its own.
+
+    A prompt of up to ``max_rows`` rows (the root excluded) fuses whole; 0 = always prefill
+    apart. With ``tail``, a longer prompt prefills its whole chunks of the target's
+    ``prefill_chunk`` rows apart and fuses the rest when that fits in ``max_rows``: the forward
+    that would have prefilled the last, partial chunk is saved, and no forward grows past a
+    chunk plus a tree (on a CPU a 768-row forward costs more per row than a 512-row one: the
+    fused 768-token prompt lost 0.4 s where a 512-token one won 0.5 s; with the CPU's 256-row
+    chunks, start + first step of a 600-1,100-token prompt took 8-13% less than whole 512-row
+    chunks apart, ``benchmarks/RESULTS.md``).
+
+    >>> f = PrefillFusion(max_rows=320)
+    >>> [f.head(n, chunk=512) for n in (300, 700, 1024, 1100, 1400)]
+    [0, 512, None, 1024, None]
+    >>> PrefillFusion(max_rows=320, tail=False).head(700, chunk=512) is None
+    True
+    """
+
+    max_rows: int
+    tail: bool = True
+
+    OFF: ClassVar[PrefillFusion]
+
+    def __post_init__(self) -> None:
+        if self.max_rows < 0:
+            raise ValueError(f"PrefillFusion.max_rows must be >= 0, got {self.max_rows}")
+
+    @classmethod
+    def for_device(cls, device: str) -> PrefillFusion:
+        """The measured default. On a CPU a forward of many rows costs more per row (its
+        activations leave the cache) than the saved forward is worth past ~350 tokens (1.5B,
+        2-core Zen 5: 260-300-token prompts 0.04-0.37 s faster fused, a 385-token one 0.13-0.30 s
+        slower, 700-1,060 tokens 0.5-1.5 s slower). On a GPU the fused forward is one CUDA graph
+        (rows padded to a power of two) where the prefill runs eagerly: start + first step on an
+        H200 (random bf16 1.5B, ``benchmarks/experiments/gpu/measure_fuse_length.py``) 0.14-0.45x
+        of apart up to 1,536 tokens, 0.55-0.67x at 2,048, 0.80x at 3,072, 1.22x at 4,096.
+
+        >>> PrefillFusion.for_device("cpu").max_rows, PrefillFusion.for_device("cuda:0").max_rows
+        (320, 2048)
+        """
+        return cls(320 if device.startswith("cpu") else 2048 if device.startswith("cuda") else 512)
+
+    def head(self, rows: int, chunk: int) -> int | None:
+        """How many of a prompt's first ``rows`` rows (all its tokens but the root) to prefill
+        apart when the rest ride in the first step's forward; None: prefill them all apart.
+        ``chunk``: the target's rows per prefill forward (<= 0: unchunked)."""
+        if rows <= self.max_rows:
+            return 0
+        if not self.tail or chunk <= 0:
+            return None
+        tail = rows % chunk
+        return rows - tail if 0 < tail <= self.max_rows else None
+
+
+PrefillFusion.OFF = PrefillFusion(max_rows=0)
+
+
 class SpecEngine:
     """One target, some drafters, one composer: all shared by the sequences it generates."""
 
@@ -123,7 +184,10 @@ class SpecEngine:
         method: str = "",
         eos_token_ids: Sequence[int] = (),
         default_budget: int = 8,
+        fusion: PrefillFusion | None = None,
     ):
+        """``fusion``: when a prompt's prefill rides in the first step's forward
+        (:class:`PrefillFusion`); None = :meth:`PrefillFusion.for_device` of the target's device."""
         self.target = target
         self.drafters = list(drafters)
         self.composer = composer if composer is not None else MergeComposer()
@@ -138,20 +202,7 @@ class SpecEngine:
         # the layer whose hidden states StepResult.hidden carries (None: the final layer's)
         self.hidden_layer = layers.pop() if layers else None
         self.last_stats = GenerationStats(method=self.method)
-        # prompts up to this many tokens (the root excluded) may be prefilled in the first
-        # step's forward (:meth:`start`); 0 = always prefill apart. On a CPU a forward of that many
-        # rows costs more per row (its activations leave the cache) than the saved forward is worth
-        # past ~350 tokens (1.5B, 2-core Zen 5: 260-300-token prompts 0.04-0.37 s faster fused, a
-        # 385-token one 0.13-0.30 s slower, 700-1,060 tokens 0.5-1.5 s slower; longer prompts fuse
-        # their last part, :meth:`fused_head`). On a GPU the fused forward is one CUDA graph
-        # (rows padded to a power of two) where the prefill runs eagerly: start + first step on an
-        # H200 (random bf16 1.5B, benchmarks/experiments/gpu/measure_fuse_length.py) 0.14-0.45x of apart up to
-        # 1,536 tokens, 0.55-0.67x at 2,048, 0.80x at 3,072, 1.22x at 4,096 (benchmarks/RESULTS.md)
-        device = str(target.device)
-        self.fuse_prefill_max = 320 if device.startswith("cpu") else 2048 if device.startswith("cuda") else 512
-        # a longer prompt prefills its whole chunks apart and fuses the rest, when that fits in
-        # fuse_prefill_max (:meth:`fused_head`); False: a longer prompt prefills apart entirely
-        self.fuse_tail = True
+        self.fusion = fusion if fusion is not None else PrefillFusion.for_device(str(target.device))
 
     def _now(self) -> float:
         """Wall time after the device's queued work (a GPU timer must not read launch times)."""
@@ -201,7 +252,7 @@ class SpecEngine:
         the drafters' states.
 
         ``fuse_prefill``: when no drafter asks anything of the prefill (a draft model, PLD,
-        plain decoding) and the prompt has at most :attr:`fuse_prefill_max` tokens, the prompt
+        plain decoding) and the prompt is short enough (:attr:`fusion`), the prompt
         is not prefilled here but fed as a chain of rows ahead of the root in the first step's
         forward (:attr:`SequenceState.unfilled`), the way Hugging Face's assisted generation
         verifies its first draft together with the prompt. One target forward fewer per
@@ -240,29 +291,16 @@ class SpecEngine:
         return seq
 
     def fused_head(self, rows: int) -> int | None:
-        """How many of a prompt's first ``rows`` rows (all its tokens but the root) to prefill
-        apart when the rest ride in the first step's forward; None: prefill them all apart.
+        """:meth:`PrefillFusion.head` of this engine's fusion, with the target's prefill chunk."""
+        return self.fusion.head(rows, self.target.prefill_chunk)
 
-        All of them fuse up to :attr:`fuse_prefill_max`. A longer prompt (with :attr:`fuse_tail`)
-        prefills its whole chunks of the target's ``prefill_chunk`` rows apart and fuses the rest
-        when that fits: the forward that would have prefilled the last, partial chunk is saved,
-        and no forward grows past a chunk plus a tree (on a CPU a 768-row forward costs more per
-        row than a 512-row one: the fused 768-token prompt lost 0.4 s where a 512-token one won 0.5 s;
-        with the CPU's 256-row chunks, start + first step of a 600-1,100-token prompt took 8-13%
-        less than whole 512-row chunks apart, ``benchmarks/RESULTS.md``).
-
-        >>> class T: prefill_chunk = 512
-        >>> e = SpecEngine.__new__(SpecEngine); e.target, e.fuse_prefill_max, e.fuse_tail = T(), 320, True
-        >>> [e.fused_head(n) for n in (300, 700, 1024, 1100, 1400)]
-        [0, 512, None, 1024, None]
-        """
-        if rows <= self.fuse_prefill_max:
-            return 0
-        chunk = self.target.prefill_chunk
-        if not self.fuse_tail or chunk <= 0:
-            return None
-        tail = rows % chunk
-        return rows - tail if 0 < tail <= self.fuse_prefill_max else None
+    def with_fusion(self, fusion: PrefillFusion) -> SpecEngine:
+        """The same engine (target, drafters, composer shared) with another fusion rule: the
+        twin a test or a measurement compares against, e.g. ``engine.with_fusion(PrefillFusion.OFF)``
+        prefills every prompt apart."""
+        twin = copy.copy(self)
+        twin.fusion, twin.last_stats = fusion, GenerationStats(method=self.method)
+        return twin
 
     def can_fuse(self, request: PrefillRequest) -> bool:
         """Whether a start with this prefill request may feed the prompt in the first step's

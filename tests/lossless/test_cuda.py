@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from specgraft.config import GenerationConfig, SamplingConfig
-from specgraft.engine import SpecEngine
+from specgraft.engine import PrefillFusion, SpecEngine
 from specgraft.methods import GraftOptions, MethodOptions, build_method
 from specgraft.models.hf import HFTarget
 from specgraft.types import DraftTree
@@ -213,9 +213,9 @@ def test_adapld_fused_and_apart_and_packed_rows_on_cuda():
         drafters, composer = build_method(name, target, MethodOptions())
         engine = SpecEngine(target, drafters, composer, method=name)
         for fuse_max in (512, 0):
-            engine.fuse_prefill_max = fuse_max
+            twin = engine.with_fusion(PrefillFusion(max_rows=fuse_max))
             for p, _ in make_prompts(6, model.config.vocab_size):
-                assert engine.generate_ids(p, config) == hf_greedy(model, p, 24), f"{name} fuse_prefill_max={fuse_max}"
+                assert twin.generate_ids(p, config) == hf_greedy(model, p, 24), f"{name} fusion max_rows={fuse_max}"
     gen = torch.Generator(device="cuda").manual_seed(0)
     logits = torch.randn(4, 151_936, device="cuda", generator=gen, dtype=torch.bfloat16)
     hidden = torch.randn(4, 128, device="cuda", generator=gen, dtype=torch.bfloat16)

@@ -3,7 +3,7 @@
 One process, the 1.5B target and the int8 0.5B draft; per prompt (first turns of ``--suite`` in
 ``--tasks``, chat template, greedy, 128 new tokens, EOS stops) the four runs ``ar``, ``ar+fuse``,
 ``tree``, ``tree+fuse`` in an order that alternates from prompt to prompt (``tree``: the cpu
-preset's plain tree, extension 8, budget 8; ``fuse`` toggles ``SpecEngine.fuse_prefill_max``
+preset's plain tree, extension 8, budget 8; ``fuse`` toggles ``SpecEngine.fusion``
 between 512 and 0). Prints per prompt ``(seconds, equal to ar, steps, prefill s, forward s)``
 and the totals::
 
@@ -20,6 +20,7 @@ import torch  # noqa: E402
 from tools.common import load_base, model_arguments, timed_generate  # noqa: E402
 
 from specgraft.methods import MethodOptions  # noqa: E402
+from specgraft.engine import PrefillFusion  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     prompts = [json.loads(l) for l in open(args.suite)]
     prompts = [p for p in prompts if p["task"] in args.tasks.split(",")]
     def run(dec, ids, fuse):
-        dec.engine.fuse_prefill_max = 512 if fuse else 0
+        dec.engine = dec.engine.with_fusion(PrefillFusion(max_rows=512 if fuse else 0))
         return timed_generate(dec, ids, 128, None if dec is base else 8, stop_on_eos=True)
     warm = base.encode("Say hello.", chat=True)
     for d in (base, tree):

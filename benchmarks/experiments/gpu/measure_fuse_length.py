@@ -1,12 +1,12 @@
 """Where fusing the prompt into the first forward stops paying: start + first step, fused and apart.
 
 ``SpecEngine.start`` runs a short prompt's prefill inside the first step's forward (one forward
-instead of two; ``fuse_prefill_max`` tokens at most). Past some length the fused forward loses:
+instead of two; ``PrefillFusion.max_rows`` tokens at most). Past some length the fused forward loses:
 on a CPU one forward of many rows costs more per row than the prefill's chunks (its activations
 leave the cache), on a GPU its attention grows with the square of the rows, which a CUDA graph's
 padding to a power of two doubles again. This measures that crossover on the machine at hand:
 for each prompt length, a method's
-``start`` + first ``step`` with fusing forced on (``fuse_prefill_max`` = the length) and off (0),
+``start`` + first ``step`` with fusing forced on (``PrefillFusion.max_rows`` = the length) and off (0),
 in an order that alternates from round to round, the same emitted tokens both ways (checked: one
 is a prefix of the other, since AdaPLD's first tree differs when fused; in float32 only: in bf16
 the two attention paths round differently, and a random model's near-ties can flip a token).
@@ -36,6 +36,7 @@ import torch
 
 from specgraft.api import SpecDecoder
 from specgraft.config import GenerationConfig
+from specgraft.engine import PrefillFusion
 from specgraft.suites import DATA_DIR
 
 
@@ -54,9 +55,9 @@ def text_ids(decoder: SpecDecoder, length: int) -> list[int]:
 def start_and_step(decoder: SpecDecoder, ids: list[int], fuse: bool, budget: int, fuse_max: int | None = None) -> tuple[float, list[int], bool]:
     """Seconds for ``start`` + one ``step`` (fused or apart), the tokens emitted, whether it fused.
     Fused means the whole prompt in the first forward, or with ``fuse_max`` the engine's own rule
-    at that ``fuse_prefill_max`` (a long prompt's whole chunks apart, the rest fused)."""
-    engine = decoder.engine
-    engine.fuse_prefill_max = (len(ids) if fuse_max is None else fuse_max) if fuse else 0
+    at that ``PrefillFusion.max_rows`` (a long prompt's whole chunks apart, the rest fused)."""
+    engine = decoder.engine.with_fusion(PrefillFusion(max_rows=(len(ids) if fuse_max is None else fuse_max) if fuse else 0,
+                                                      tail=decoder.engine.fusion.tail))
     cuda = str(engine.target.device).startswith("cuda")
     if cuda:
         torch.cuda.synchronize()
@@ -82,7 +83,7 @@ def main() -> None:
     ap.add_argument("--lengths", default="128,256,384,512", help="comma list of prompt lengths (tokens)")
     ap.add_argument("--rounds", type=int, default=3, help="measurements per (method, length, setting); the median is kept")
     ap.add_argument("--budget", type=int, default=16)
-    ap.add_argument("--fuse-max", type=int, help="fused = the engine's rule at this fuse_prefill_max (a long prompt fuses "
+    ap.add_argument("--fuse-max", type=int, help="fused = the engine's rule at this PrefillFusion.max_rows (a long prompt fuses "
                     "the part past its whole prefill chunks), instead of the whole prompt")
     ap.add_argument("--tree-inputs", default="host", choices=("host", "device", "both"),
                     help="where the forward's ancestor sets and mask are built (TargetOptions.host_tree_inputs); both: a row each")

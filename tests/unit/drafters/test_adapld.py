@@ -10,7 +10,7 @@ import torch
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.adapld import AdaPLDConfig, AdaPLDDrafter, AdaPLDState, build_adapld
 from specgraft.drafters.pld import CopyRates
-from specgraft.engine import SpecEngine
+from specgraft.engine import PrefillFusion, SpecEngine
 from specgraft.methods import MethodOptions, get_method
 from specgraft.methods.model_free import ADAPLD_METHODS
 from specgraft.models.hf import HFTarget
@@ -277,8 +277,9 @@ def test_prompt_logits_at_once_give_the_on_demand_trees():
     for mode in ("on-demand", "at-once"):
         cfg = AdaPLDConfig(anchor_logits="exact", prompt_logits=mode, min_prob=0.0)
         drafter = build_adapld(target, cfg)
-        engine = SpecEngine(target, [drafter], get_method("adapld").build(target, MethodOptions())[1], method="adapld")
-        engine.fuse_prefill_max = 0  # the prompt's rows at begin: the memory is inspected after
+        # the prompt's rows at begin (no fused start): the memory is inspected after
+        engine = SpecEngine(target, [drafter], get_method("adapld").build(target, MethodOptions())[1], method="adapld",
+                            fusion=PrefillFusion.OFF)
         out = []
         for prompt, _ in make_prompts(12, model.config.vocab_size):
             seq = engine.start(prompt, config)

@@ -1,7 +1,7 @@
 """A fused start: a short prompt's prefill fed as a chain ahead of the root in the first step's
 forward (``SpecEngine.start``, ``HFTarget.forward_batch(logits_from=...)``).
 
-Its twin is the separate prefill (``engine.fuse_prefill_max = 0``): same tokens, same steps,
+Its twin is the separate prefill (``engine.with_fusion(PrefillFusion.OFF)``): same tokens, same steps,
 same cache rows, greedy and sampled.
 """
 
@@ -16,7 +16,7 @@ from specgraft.composers.graft import GraftComposer
 from specgraft.methods.graft import graft_config
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig
-from specgraft.engine import SpecEngine
+from specgraft.engine import PrefillFusion, SpecEngine
 from specgraft.methods import MethodOptions, get_method
 from specgraft.models.hf import HFTarget
 
@@ -24,6 +24,8 @@ from tests.helpers.lossless import make_prompts
 from tests.helpers.models import TINY_MODELS, perturbed, tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+FUSE = PrefillFusion(max_rows=512)
 
 
 def engines(model) -> dict[str, SpecEngine]:
@@ -39,7 +41,7 @@ def engines(model) -> dict[str, SpecEngine]:
 
 
 def run(engine: SpecEngine, prompt: list[int], config: GenerationConfig, fuse: bool) -> tuple[list[int], int, dict]:
-    engine.fuse_prefill_max = 512 if fuse else 0
+    engine = engine.with_fusion(FUSE if fuse else PrefillFusion.OFF)
     tokens = engine.generate_ids(prompt, config)
     stats = engine.last_stats
     return tokens, stats.steps, dict(stats.accepted_by_source)
@@ -67,7 +69,7 @@ def test_fused_start_fills_the_same_cache_rows():
     config = GenerationConfig(max_new_tokens=8, budget=8)
     caches = []
     for fuse in (True, False):
-        engine.fuse_prefill_max = 512 if fuse else 0
+        engine = engine.with_fusion(FUSE if fuse else PrefillFusion.OFF)
         seq = engine.start(prompt, config)
         assert seq.unfilled == (prompt[:-1] if fuse else [])
         assert engine.target.length(seq.slot) == (0 if fuse else len(prompt) - 1)
@@ -96,9 +98,9 @@ def test_fused_start_only_without_prefill_requests_and_for_short_prompts():
     seq = pld.start([5, 6, 7, 8], GenerationConfig(max_new_tokens=4), fuse_prefill=False)
     assert seq.unfilled == [] and pld.target.length(seq.slot) == 3
     pld.finish(seq)
-    pld.fuse_prefill_max = 2
+    pld = pld.with_fusion(PrefillFusion(max_rows=2))
     seq = pld.start([5, 6, 7, 8], GenerationConfig(max_new_tokens=4))
-    assert seq.unfilled == [], "a prompt longer than fuse_prefill_max is prefilled apart"
+    assert seq.unfilled == [], "a prompt longer than fusion.max_rows is prefilled apart"
     pld.finish(seq)
 
 
@@ -156,10 +158,10 @@ def test_adapld_fused_start_is_lossless(arch):
             config = GenerationConfig(max_new_tokens=16, budget=8)
             want = plain.generate_ids(prompt, config)
             for fuse in (True, False):
-                engine.fuse_prefill_max = 512 if fuse else 0
-                assert engine.generate_ids(prompt, config) == want, f"{arch}/{variant} fuse={fuse} on {prompt}"
-        engine.fuse_prefill_max = 512  # sampled: runs through (the verify rules are the tree's, fused or not)
-        engine.generate_ids(make_prompts(1, vocab=model.config.vocab_size)[0][0],
+                twin = engine.with_fusion(FUSE if fuse else PrefillFusion.OFF)
+                assert twin.generate_ids(prompt, config) == want, f"{arch}/{variant} fuse={fuse} on {prompt}"
+        # sampled: runs through (the verify rules are the tree's, fused or not)
+        engine.with_fusion(FUSE).generate_ids(make_prompts(1, vocab=model.config.vocab_size)[0][0],
                             GenerationConfig(max_new_tokens=8, budget=8, sampling=SamplingConfig(temperature=0.8, seed=1)))
 
 
@@ -184,7 +186,7 @@ def test_adapld_gets_the_prompt_rows_with_its_first_step():
     config = GenerationConfig(max_new_tokens=8, budget=8)
     memories = []
     for fuse in (True, False):
-        engine.fuse_prefill_max = 512 if fuse else 0
+        engine = engine.with_fusion(FUSE if fuse else PrefillFusion.OFF)
         seq = engine.start(prompt, config)
         state = seq.drafter_states[0]
         assert seq.unfilled == (prompt[:-1] if fuse else []) and seq.deferred_prefill == fuse
@@ -223,7 +225,7 @@ def tail_engines(model, chunk: int) -> dict[str, SpecEngine]:
 
 @pytest.mark.parametrize("arch", sorted(TINY_MODELS))
 def test_a_long_prompt_fuses_its_tail(arch):
-    """Past ``fuse_prefill_max`` a prompt prefills its whole chunks apart and fuses the rest
+    """Past ``PrefillFusion.max_rows`` a prompt prefills its whole chunks apart and fuses the rest
     (``SpecEngine.fused_head``): the same tokens as the prefill apart, greedy and sampled (and
     the same steps, but for AdaPLD, whose first tree has no hidden states of the fused rows)."""
     model = TINY_MODELS[arch]()
@@ -236,7 +238,7 @@ def test_a_long_prompt_fuses_its_tail(arch):
             for config in (greedy, sampled):
                 outs = {}
                 for tail in (True, False):
-                    engine.fuse_prefill_max, engine.fuse_tail = 5, tail
+                    engine = engine.with_fusion(PrefillFusion(max_rows=5, tail=tail))
                     seq = engine.start(prompt, config)
                     head = engine.fused_head(len(prompt) - 1)
                     if head is None or (head and not tail):
@@ -264,7 +266,7 @@ def test_adapld_takes_a_long_prompt_in_two_parts():
     config = GenerationConfig(max_new_tokens=8, budget=8)
     memories = []
     for tail in (True, False):
-        engine.fuse_prefill_max, engine.fuse_tail = 5, tail
+        engine = engine.with_fusion(PrefillFusion(max_rows=5, tail=tail))
         seq = engine.start(prompt, config)
         state = seq.drafter_states[0]
         assert state.known == (8 if tail else len(prompt) - 1) and seq.deferred_prefill == tail
@@ -285,8 +287,7 @@ def test_a_fused_tail_through_the_graphs_path():
     config = GenerationConfig(max_new_tokens=12, budget=8)
     for name in ("pld", "adapld"):
         drafters, composer = get_method(name).build(target, MethodOptions())
-        engine = SpecEngine(target, drafters, composer, method=name)
-        engine.fuse_prefill_max = 5
+        engine = SpecEngine(target, drafters, composer, method=name, fusion=PrefillFusion(max_rows=5))
         for prompt, _ in make_prompts(6, vocab=model.config.vocab_size):
             prompt = prompt * 3
             assert engine.generate_ids(prompt, config) == plain.generate_ids(prompt, config), f"{name} on {prompt}"

@@ -5,13 +5,15 @@ import statistics, sys, torch
 sys.path.insert(0, "benchmarks/experiments/gpu")  # measure_fuse_length.py
 torch.set_num_threads(2)
 from specgraft.api import SpecDecoder
+from specgraft.engine import PrefillFusion
 from measure_fuse_length import text_ids, start_and_step
 base = SpecDecoder.from_pretrained("qwen2.5-coder-1.5b-instruct", method="ar", dtype="float32", progress=False)
 dec = base.with_method("pld")
 eng, target = dec.engine, dec.engine.target
 settings = {"old (chunk 512, no tail)": (512, False), "new (chunk 256, tail)": (256, True)}
 def run(ids, chunk, tail):
-    target.prefill_chunk, eng.fuse_tail = chunk, tail
+    target.prefill_chunk = chunk
+    dec.engine = eng.with_fusion(PrefillFusion(max_rows=320, tail=tail))
     return start_and_step(dec, ids, True, 16, fuse_max=320)
 for n in [int(x) for x in sys.argv[1].split(",")]:
     ids = text_ids(base, n)
