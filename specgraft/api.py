@@ -13,28 +13,30 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specgraft.batch import BatchEngine
+from specgraft.budget.costs import CostTable, resolve_cost_table
 from specgraft.budget.policy import BudgetPolicy
 from specgraft.config import GenerationConfig, SamplingConfig
 from specgraft.detokenize import TextStream
 from specgraft.engine import SpecEngine
 from specgraft.methods import MethodOptions, default_method, get_method, method_budget
+from specgraft.methods.reader import load_method_datastores
+from specgraft.models.backends import gguf_path, resolve_backend, tokenizer_source
+from specgraft.models.device import parse_dtype, resolve_device
 from specgraft.models.fusion import fused_groups
 from specgraft.models.graphs import replays_graphs
-from specgraft.models.device import parse_dtype, resolve_device
 from specgraft.models.hf import HFTarget
-from specgraft.models.loading import load_causal_lm
-from specgraft.models.loading import load_draft_model
+from specgraft.models.kernels import set_min_rows, small_input_rows
+from specgraft.models.llamacpp import LlamaCppTarget, load_draft_gguf
+from specgraft.models.loading import load_causal_lm, load_draft_model
 from specgraft.models.quant import draft_numerics
+from specgraft.models.resolve import load_errors, resolve_model
 from specgraft.types import GenerationStats
-
-if TYPE_CHECKING:
-    from specgraft.models.llamacpp import LlamaCppTarget
 
 
 @dataclass
@@ -105,31 +107,20 @@ class SpecDecoder:
             self.spec.check(options)
             graft = options.graft
             if self.backend == "llamacpp":
-                from specgraft.models.llamacpp import load_draft_gguf
-
                 draft_model = load_draft_gguf(graft.draft_model, self.target, progress=progress)
             else:
                 draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, self.target.device, progress, tokenizer, graft.draft_quant)
         self.draft_model = draft_model
         if options.datastores and tokenizer is not None and self.spec.reads_datastores:
-            from specgraft.methods.reader import load_method_datastores
-
             # refuses a datastore built with another tokenizer (the build only sees the vocabulary size)
             load_method_datastores(options.datastores, self.target.vocab_size, tokenizer)
         if options.cost_table == "auto":
-            from specgraft.budget.costs import resolve_cost_table
-
             options = dataclasses.replace(options, cost_table=resolve_cost_table("auto", self.target.name, self.target.cost_device, self.target.threads))
         if self.target.dear_rows and options.row_cost is None and options.cost_table:
-            from specgraft.budget.costs import CostTable
-
             options = dataclasses.replace(options, row_cost=CostTable.load(options.cost_table).row_cost(1))
         self.options = options
         self.small_input_rows: int | None = None  # None: the model's linears were left as they were
         if options.cost_table and self.target.device.type == "cpu" and model is not None:
-            from specgraft.budget.costs import CostTable
-            from specgraft.models.kernels import set_min_rows, small_input_rows
-
             # pad 1-3 row inputs where the table says a few rows cost less than one (models/kernels.py)
             self.small_input_rows = small_input_rows(CostTable.load(options.cost_table))
             set_min_rows(model, self.small_input_rows)
@@ -178,9 +169,6 @@ class SpecDecoder:
         ``method=None``: ``draft-tree`` with ``options.graft.draft_model``, else ``pld``
         (:func:`~specgraft.methods.default_method`).
         """
-        from specgraft.models.backends import resolve_backend
-        from specgraft.models.resolve import load_errors, resolve_model
-
         method = method if method is not None else default_method(options)
         backend = resolve_backend(backend, name_or_path)
         # fail on a bad method, device, a missing draft model or calibration before loading anything
@@ -208,10 +196,6 @@ class SpecDecoder:
         """:meth:`from_pretrained` on the llama.cpp backend: the target's GGUF (and the draft
         model's, same threads, never strict: a draft's numbers never reach the output), the
         Hugging Face tokenizer beside it (or read out of the GGUF)."""
-        from specgraft.models.backends import gguf_path, tokenizer_source
-        from specgraft.models.llamacpp import LlamaCppTarget, load_draft_gguf
-        from specgraft.models.resolve import load_errors
-
         path = gguf_path(name_or_path, cache_dir=cache_dir, progress=progress)
         with load_errors(name_or_path):
             directory, gguf_file = tokenizer_source(path)

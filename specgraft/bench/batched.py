@@ -58,6 +58,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from specgraft.api import SpecDecoder
 from specgraft.budget.adaptive import AdaptiveBudget
 from specgraft.budget.costs import CostTable
 from specgraft.models.device import attention_backends
@@ -204,8 +205,6 @@ def bench_batches(
 ) -> list[BatchRow]:
     """Every method in ``decoders`` (``ar`` first) at every batch size; see the module docstring.
     ``warmup``: an untimed plain pass per batch size first (None: on a GPU only)."""
-    from specgraft.api import SpecDecoder
-
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     ar = decoders["ar"]

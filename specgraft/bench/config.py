@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 
@@ -15,7 +15,12 @@ from specgraft.bench.peer_process import PEER_PROCESSES
 from specgraft.bench.peers import PEERS
 from specgraft.bench.records import AR_END
 from specgraft.bench.vllm_peers import VLLM_BASELINE, VLLM_PEERS, default_vllm_python
-from specgraft.methods import LEARNING, METHODS, GraftOptions, MethodOptions, method_budget, method_names, with_sampled_drafts
+from specgraft.config import SamplingConfig
+from specgraft.methods import METHODS, MethodOptions, method_budget, method_names
+from specgraft.methods.settings import MethodSettings
+from specgraft.models.backends import is_gguf_file, resolve_backend
+from specgraft.models.device import parse_dtype, resolve_device
+from specgraft.models.quant import resolve_draft_quant
 from specgraft.suites import parse_suite_spec
 
 RUN_FILE = "run.json"
@@ -48,13 +53,12 @@ class BenchConfig:
     suite: str = "spec-bench"
     """Comma list of ``spec-bench``, ``humaneval``, ``mt-bench``, ``eagle``, ``code-edit`` or JSONL paths, each
     optionally ``:N`` for its own prompts per task, e.g. ``spec-bench:3,humaneval:6``."""
-    draft_model: str | None = None
-    """Draft model (same tokenizer as the target), loaded once for ``hf-assisted``, ``draft-tree``
-    and the Graft variants."""
-    draft_quant: str = "auto"
-    """Numerics of the draft model (``int8``, ``bf16``, ``fp16``, ``none``; ``auto``: int8 on CPU,
-    bf16 on a GPU; ``GraftOptions.draft_quant``); ``hf-assisted`` gets the same loaded draft. The
-    resolved one is recorded (``resolved_draft_quant``)."""
+    settings: MethodSettings = field(default_factory=MethodSettings)
+    """The methods' knobs as flags give them (draft model and its numerics, preset, tree knobs,
+    calibration, datastores, READER's shape, row cost, cost table, learning), resolved for the
+    model, ``dtype`` and ``temperature`` by :meth:`method_options`; ``draft_model`` also loads
+    ``hf-assisted``'s and ``llama-speculative``'s draft. ``run.json`` records them beside the
+    other fields (:meth:`to_dict`)."""
     per_task: int | None = None
     """First N prompts of each task, in file order (None = all)."""
     max_new_tokens: int = 128
@@ -75,44 +79,11 @@ class BenchConfig:
     """Append to an existing results.jsonl, skipping finished (prompt, turn, method) rows."""
     alpaca_path: str | None = None
     """EAGLE's alpaca set (CC BY-NC 4.0, not packaged); default ../shared/data/bench/alpaca_eagle80.jsonl."""
-    recycling_state: str | None = None
-    """Successor matrix (.npz from ``specgraft warmup``) that Token Recycling starts from."""
-    calibration: str | None = None
-    """Calibration JSON from ``specgraft calibrate`` for the Graft variants (thresholds + matrix)."""
-    preset: str = "cpu"
-    """Draft tree preset of ``draft-tree`` and the Graft variants (``cpu`` or ``gpu``, see
-    ``drafters/draft_model/``); with no ``budget`` they verify its budget."""
-    sample_drafts: bool = False
-    """``draft-tree`` and the Graft variants sample draft children at ``temperature`` (> 0) and
-    verify by rejection sampling (``GraftOptions.sample_drafts``)."""
-    draft_extend: int | None = None
-    """Extension forwards of the draft tree past its depth (``GraftOptions.extend``); None = the preset's."""
-    draft_stop_min: float | None = None
-    """Early stop of the draft tree (``GraftOptions.stop_min``); None = the preset's."""
-    draft_row_cost: float | None = None
-    """Cost-aware cut of ``draft-tree``'s nodes (``GraftOptions.row_cost``); None = the preset's."""
-    draft_copy_ahead: int | None = None
-    """Rows an extension forward guesses from the context (``GraftOptions.copy_ahead``); None = the preset's."""
     warmup_tokens: int = 16
     """New tokens of each method's warm-up generation."""
     device: str = "auto"
     """Of the target and the draft model: ``auto`` is cuda when a GPU is available, else cpu (the
     resolved device is recorded: ``resolved_device``)."""
-    learning: str = "request"
-    """``request``: every input starts from the shared drafter state (priors, the warmed-up
-    matrix), so a row does not depend on which inputs ran before it, in this session or an
-    earlier one; ``shared``: what one input teaches the drafters carries over to the next
-    (``MethodOptions.learning``)."""
-    datastores: tuple[str, ...] = ()
-    """Datastore directories the reader methods search (``MethodOptions.datastores``)."""
-    reader_shape: str | None = None
-    """READER's tree shape from ``specgraft tune`` (default: ``ReaderConfig``'s)."""
-    cost_table: str | None = None
-    """Cost table the default budgets are derived from (``MethodOptions.cost_table``; the CLI
-    resolves ``--cost-table auto``); None: the fixed defaults. The budgets used are recorded."""
-    row_cost: float | None = None
-    """Relative cost of a verified row for ``pld`` and the AdaPLD methods' cost-aware pruning
-    (``MethodOptions.row_cost``; the CLI resolves ``--row-cost auto`` from the cost table)."""
     bracket: bool = True
     """Run ``ar`` again after the other methods on every input (rows named ``ar-end``); speedups
     then use the mean of the two ``ar`` times, which cancels a slow drift of the machine's speed
@@ -155,24 +126,20 @@ class BenchConfig:
     this process, on our model objects."""
 
     def __post_init__(self) -> None:
-        from specgraft.config import SamplingConfig
-        from specgraft.models.device import parse_dtype
-
         methods = self.methods.split(",") if isinstance(self.methods, str) else list(self.methods)
         methods = [m.strip() for m in methods if m.strip()]
         if not self.model:
             raise ValueError("no model given")
         backend = self.resolved_backend  # an unknown backend is an error
         if methods == ["all"]:
-            ours = [m for m in method_names() if self.draft_model or not METHODS[m].needs_draft_model]
+            ours = [m for m in method_names() if self.settings.draft_model or not METHODS[m].needs_draft_model]
             if backend == "llamacpp":
                 ours = [m for m in ours if not METHODS[m].needs_hidden_states]
                 peers = [*LLAMACPP_PYTHON_PEERS, *(LLAMACPP_TOOL_PEERS if self.resolved_llamacpp_tools else ())]
-                methods = [*ours, *(p for p in peers if p != "llama-speculative" or self.draft_model)]
+                methods = [*ours, *(p for p in peers if p != "llama-speculative" or self.settings.draft_model)]
             else:
-                methods = [*ours, *(p for p in PEERS if p != "hf-assisted" or self.draft_model)]
+                methods = [*ours, *(p for p in PEERS if p != "hf-assisted" or self.settings.draft_model)]
         object.__setattr__(self, "methods", tuple(methods))
-        object.__setattr__(self, "datastores", tuple(str(p) for p in self.datastores))
         if not self.out:
             raise ValueError("no output directory given")
         known = list(method_names()) + list(PEERS) + list(LLAMACPP_PEERS) + list(VLLM_PEERS)
@@ -181,9 +148,9 @@ class BenchConfig:
                 raise ValueError(f"unknown method {m!r}; choose from {', '.join(known)}")
         if len(set(methods)) != len(methods):
             raise ValueError(f"a method is listed twice in {','.join(methods)}")
-        if "hf-assisted" in methods and not self.draft_model:
+        if "hf-assisted" in methods and not self.settings.draft_model:
             raise ValueError("method hf-assisted needs --draft-model")
-        if "llama-speculative" in methods and not self.draft_model:
+        if "llama-speculative" in methods and not self.settings.draft_model:
             raise ValueError("method llama-speculative needs --draft-model (its GGUF is -md)")
         self._check_backend(methods)
         for m in methods:
@@ -218,16 +185,12 @@ class BenchConfig:
             self.resolved_draft_quant  # int8 off the CPU is an error
         if self.peer_process not in PEER_PROCESSES:
             raise ValueError(f"peer_process must be one of {', '.join(PEER_PROCESSES)}, got {self.peer_process!r}")
-        if self.learning not in LEARNING:
-            raise ValueError(f"learning must be one of {', '.join(LEARNING)}, got {self.learning!r}")
         for method, budget in self.budgets.items():
             if method in METHODS:
                 METHODS[method].check_budget(self.method_options(), budget)
 
     def _check_backend(self, methods: Sequence[str]) -> None:
         """What the llama.cpp backend refuses, each in one line (the hf backend: ``strict``)."""
-        from specgraft.models.backends import is_gguf_file
-
         if self.resolved_backend == "hf":
             if self.strict:
                 raise ValueError("strict mode is the llama.cpp backend's (the hf backend in float32 is exact as it is); add --backend llamacpp")
@@ -236,9 +199,9 @@ class BenchConfig:
                 raise ValueError(f"--dtype {self.dtype}: the llama.cpp backend computes in the GGUF's own quantization; drop --dtype")
             if self.device not in ("auto", "cpu"):
                 raise ValueError(f"--device {self.device}: the llama.cpp backend runs on the CPU here")
-            if self.draft_quant != "auto" and "hf-assisted" not in methods:
+            if self.settings.draft_quant != "auto" and "hf-assisted" not in methods:
                 raise ValueError(
-                    f"--draft-quant {self.draft_quant}: on the llama.cpp backend the draft model computes in its GGUF's own "
+                    f"--draft-quant {self.settings.draft_quant}: on the llama.cpp backend the draft model computes in its GGUF's own "
                     "quantization (--draft-quant is for hf-assisted's draft); drop --draft-quant"
                 )
         if self.resolved_backend == "llamacpp" and self.peer_process == "shared" and any(m in PEERS for m in methods):
@@ -252,8 +215,6 @@ class BenchConfig:
     @property
     def resolved_backend(self) -> str:
         """``backend`` with ``auto`` resolved for the model, e.g. ``"llamacpp"`` for a .gguf file."""
-        from specgraft.models.backends import resolve_backend
-
         return resolve_backend(self.backend, self.model)
 
     @property
@@ -297,8 +258,6 @@ class BenchConfig:
     def resolved_device(self) -> str:
         """``device`` with ``auto`` resolved on this machine, e.g. ``"cpu"`` (always on the
         llama.cpp backend, and for the Hugging Face peers beside it)."""
-        from specgraft.models.device import resolve_device
-
         if self.resolved_backend == "llamacpp":
             return "cpu"
         return str(resolve_device(self.device))
@@ -328,20 +287,16 @@ class BenchConfig:
     def resolved_draft_quant(self) -> str | None:
         """``draft_quant`` with ``auto`` resolved for the device (None without a draft model);
         ``gguf`` on the llama.cpp backend unless ``hf-assisted`` loads a draft model in torch."""
-        from specgraft.models.quant import resolve_draft_quant
-
-        if not self.draft_model:
+        if not self.settings.draft_model:
             return None
         if self.resolved_backend == "llamacpp" and "hf-assisted" not in self.methods:
             return "gguf"
-        return resolve_draft_quant(self.draft_quant, self.resolved_device)
+        return resolve_draft_quant(self.settings.draft_quant, self.resolved_device)
 
     @property
     def resolved_dtype(self) -> str:
         """``dtype`` with ``auto`` resolved on this machine and device, e.g. ``"float32"``;
         ``gguf`` on the llama.cpp backend (the GGUF's own quantization computes; the report names it)."""
-        from specgraft.models.device import parse_dtype
-
         if self.resolved_backend == "llamacpp":
             return "gguf"
         return str(parse_dtype(self.dtype, self.resolved_device)).replace("torch.", "")
@@ -358,34 +313,39 @@ class BenchConfig:
         return {m: self.budget if self.budget is not None else method_budget(m, options) for m in self.run_methods if m in METHODS}
 
     def method_options(self) -> MethodOptions:
-        """The options every registry method is built with."""
-        graft = GraftOptions(
-            draft_model=self.draft_model, draft_dtype=self.dtype, draft_quant=self.draft_quant, preset=self.preset, calibration=self.calibration,
-            extend=self.draft_extend, stop_min=self.draft_stop_min, row_cost=self.draft_row_cost, copy_ahead=self.draft_copy_ahead,
-        )
-        if self.sample_drafts:
-            graft = with_sampled_drafts(graft, self.temperature)
-        from specgraft.methods.reader import reader_config
-
-        reader = reader_config(self.reader_shape, self.model, self.draft_model, self.preset)
-        return MethodOptions(
-            recycling_state=self.recycling_state, graft=graft, learning=self.learning, datastores=tuple(self.datastores), reader=reader,
-            row_cost=self.row_cost, cost_table=self.cost_table,
-        )
+        """The options every registry method is built with: :attr:`settings` for the model,
+        the draft model in ``dtype``, sampled drafts at ``temperature``."""
+        return self.settings.options(self.model, self.dtype, self.temperature)
 
     def comparable(self) -> dict[str, Any]:
         """Fields that must be equal for rows from two sessions to be reported together
         (``budgets`` only for the methods both sessions run)."""
         keep = ("model", "draft_model", "resolved_draft_quant", "max_new_tokens", "temperature", "resolved_dtype", "seed", "budgets", "threads",
                 "recycling_state", "calibration", "bracket", "preset", "sample_drafts", "resolved_device", "learning", "datastores", "reader_shape",
-                "vllm_spec_tokens", "row_cost", "draft_extend", "draft_stop_min", "draft_row_cost", "draft_copy_ahead", "resolved_peer_process",
+                "vllm_spec_tokens", "row_cost", "draft_depth", "draft_top_k", "draft_extend", "draft_stop_min", "draft_row_cost", "draft_copy_ahead",
+                "resolved_peer_process",
                 "rounds", "resolved_backend", "strict", "llamacpp_draft_max")
-        out = {k: getattr(self, k) for k in keep}
-        out["datastores"] = list(self.datastores)  # as run.json stores it
-        return out
+        record = self.settings.record()  # as run.json stores it
+        return {k: record[k] if k in record else getattr(self, k) for k in keep}
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field, :attr:`settings`' beside the others (one flat record, as ``run.json``
+        and each result row keep it; :meth:`from_dict` reads it back)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "settings"}
+        return out | self.settings.record()
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> BenchConfig:
+        """A config from one flat mapping of its fields and :class:`MethodSettings`' (what
+        :meth:`to_dict` writes; unknown keys, such as ``run.json``'s resolved ones, are an error).
+
+        >>> cfg = BenchConfig.from_dict({"model": "m", "out": "o", "methods": "pld", "draft_extend": 8})
+        >>> cfg.settings.draft_extend, BenchConfig.from_dict(cfg.to_dict()) == cfg
+        (8, True)
+        """
+        names = MethodSettings.names()
+        settings = MethodSettings(**{k: v for k, v in record.items() if k in names})
+        return cls(**{k: v for k, v in record.items() if k not in names}, settings=settings)
 
     def to_command(self) -> str:
         """The equivalent ``specgraft bench`` command line.
@@ -393,49 +353,19 @@ class BenchConfig:
         >>> BenchConfig(model="m", out="o", suite="humaneval:2").to_command()
         'specgraft bench --model m --methods ar,pld,recycling --suite humaneval:2 --max-new-tokens 128 --temperature 0.0 --dtype auto --seed 0 --cost-table none --out o'
         """
-        parts = ["specgraft", "bench", "--model", self.model]
-        if self.draft_model:
-            parts += ["--draft-model", self.draft_model]
-        if self.draft_quant != "auto":
-            parts += ["--draft-quant", self.draft_quant]
-        parts += ["--methods", ",".join(self.methods), "--suite", self.suite]
+        parts = ["specgraft", "bench", "--model", self.model, "--methods", ",".join(self.methods), "--suite", self.suite]
         if self.per_task is not None:
             parts += ["--per-task", str(self.per_task)]
         parts += ["--max-new-tokens", str(self.max_new_tokens), "--temperature", str(self.temperature)]
         parts += ["--dtype", self.dtype, "--seed", str(self.seed)]
         if self.budget is not None:
             parts += ["--budget", str(self.budget)]
-        if self.row_cost is not None:
-            parts += ["--row-cost", str(self.row_cost)]
-        parts += ["--cost-table", self.cost_table or "none"]
         if self.threads is not None:
             parts += ["--threads", str(self.threads)]
         if self.alpaca_path:
             parts += ["--alpaca-path", self.alpaca_path]
-        if self.recycling_state:
-            parts += ["--recycling-state", self.recycling_state]
-        if self.calibration:
-            parts += ["--calibration", self.calibration]
-        if self.preset != "cpu":
-            parts += ["--preset", self.preset]
-        if self.sample_drafts:
-            parts += ["--sample-drafts"]
-        if self.draft_extend is not None:
-            parts += ["--draft-extend", str(self.draft_extend)]
-        if self.draft_stop_min is not None:
-            parts += ["--draft-stop-min", str(self.draft_stop_min)]
-        if self.draft_row_cost is not None:
-            parts += ["--draft-row-cost", str(self.draft_row_cost)]
-        if self.draft_copy_ahead is not None:
-            parts += ["--draft-copy-ahead", str(self.draft_copy_ahead)]
         if self.device != "auto":
             parts += ["--device", self.device]
-        if self.learning != "request":
-            parts += ["--learning", self.learning]
-        for path in self.datastores:
-            parts += ["--datastore", path]
-        if self.reader_shape:
-            parts += ["--reader-shape", self.reader_shape]
         if not self.bracket:
             parts += ["--no-bracket"]
         if self.rounds != 1:
@@ -454,6 +384,7 @@ class BenchConfig:
             parts += ["--llamacpp-tools", self.llamacpp_tools]
         if self.llamacpp_draft_max is not None:
             parts += ["--llamacpp-draft-max", str(self.llamacpp_draft_max)]
+        parts += self.settings.flags()
         parts += ["--out", self.out]
         return " ".join(shlex.quote(p) for p in parts)
 

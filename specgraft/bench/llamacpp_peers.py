@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specgraft.bench.contract import MethodRun
+from specgraft.models.llamacpp import import_llama_cpp
 
 #: The plain llama.cpp peer: every llama.cpp peer's own plain decoding and exactness reference.
 LLAMACPP_BASELINE = "llamacpp"
@@ -140,8 +141,6 @@ class LlamaCppPeer:
             raise ValueError(f"unknown llama-cpp-python peer {name!r}; choose one of {', '.join(LLAMACPP_PYTHON_PEERS)}")
         if not eos_token_ids:
             raise ValueError("peers need at least one EOS token id")
-        from specgraft.models.llamacpp import import_llama_cpp
-
         llama_cpp = import_llama_cpp()
         from llama_cpp._logger import set_verbose
 

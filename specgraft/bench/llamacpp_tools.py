@@ -65,6 +65,7 @@ from typing import Any, Sequence
 
 from specgraft.bench.contract import MethodRun
 from specgraft.bench.llamacpp_peers import LLAMACPP_TOOL_PEERS, PEER_N_CTX, peer_threads
+from specgraft.models.llamacpp import import_llama_cpp
 
 #: Environment variable naming the folder of llama.cpp's programs (``--llamacpp-tools`` wins).
 TOOLS_ENV = "SPECGRAFT_LLAMACPP_TOOLS"
@@ -104,8 +105,6 @@ class LlamaVocab:
     """
 
     def __init__(self, gguf: str | os.PathLike[str]):
-        from specgraft.models.llamacpp import import_llama_cpp
-
         llama = import_llama_cpp()
         from llama_cpp._logger import set_verbose
 

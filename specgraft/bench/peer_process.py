@@ -43,7 +43,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Sequence
 
+from specgraft.api import SpecDecoder
 from specgraft.bench.contract import MethodRun
+from specgraft.bench.llamacpp_peers import LLAMACPP_PYTHON_PEERS, LlamaCppPeer
+from specgraft.bench.peers import HFPeer
+from specgraft.models.loading import load_draft_model
 
 PEER_PROCESSES = ("separate", "shared")
 """Where the Hugging Face and llama-cpp-python peers run: a child process with its own models, or this process."""
@@ -84,9 +88,6 @@ def build_peers(spec: PeerSpec) -> tuple[list[int], dict[str, Any]]:
     ids they stop at."""
     import torch
 
-    from specgraft.bench.llamacpp_peers import LLAMACPP_PYTHON_PEERS, LlamaCppPeer
-    from specgraft.bench.peers import HFPeer
-
     hf = [name for name in spec.peers if name not in LLAMACPP_PYTHON_PEERS]
     llama = [name for name in spec.peers if name in LLAMACPP_PYTHON_PEERS]
     if spec.threads is not None:
@@ -95,9 +96,6 @@ def build_peers(spec: PeerSpec) -> tuple[list[int], dict[str, Any]]:
     peers: dict[str, Any] = {}
     eos = sorted(spec.eos_token_ids) if spec.eos_token_ids is not None else None
     if hf:
-        from specgraft.api import SpecDecoder
-        from specgraft.models.loading import load_draft_model
-
         decoder = SpecDecoder.from_pretrained(
             spec.model, method="ar", dtype=spec.dtype, device=spec.device, progress=False, backend="hf"
         )

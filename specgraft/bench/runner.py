@@ -43,6 +43,7 @@ from typing import Any, Sequence
 
 from rich.console import Console
 
+from specgraft.api import SpecDecoder
 from specgraft.bench.config import PLAIN_PEERS, WARMUP_PROMPT, BenchConfig
 from specgraft.bench.contract import BenchMethod, MethodRun, SpecgraftMethod, with_max_new_tokens
 from specgraft.bench.environment import environment
@@ -51,12 +52,17 @@ from specgraft.bench.llamacpp_tools import LlamaToolPeer, find_tool
 from specgraft.bench.peer_process import PeerProcess, PeerProcessError, PeerSpec, RemotePeer
 from specgraft.bench.peers import PEERS, HFPeer
 from specgraft.bench.records import AR_END, ResultRow, append_row
+from specgraft.bench.report import write_report
 from specgraft.bench.session import Generation, Session, make_row, open_results, session_id, write_run_info
 from specgraft.bench.summary import own_plain
 from specgraft.bench.vllm_peers import VLLM_BASELINE, VLLMSettings, check_vllm_python, run_vllm_peer
 from specgraft.methods import METHODS, MethodOptions
+from specgraft.models.backends import gguf_path
+from specgraft.models.llamacpp import load_draft_gguf
 from specgraft.models.loading import load_draft_model
+from specgraft.models.resolve import resolve_model
 from specgraft.progress import progress_bar
+from specgraft.retrieval import load_datastores
 from specgraft.suites import Suite, conversation_ids, load_suite
 
 @dataclass
@@ -71,8 +77,6 @@ def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
     ``hf-assisted`` runs in this process. On the llama.cpp backend both are GGUFs in llama.cpp
     (same threads; the draft never strict: its numbers never reach the output), and the Hugging
     Face peers, if any, run in the peers' process (``BenchConfig`` refuses them here)."""
-    from specgraft.api import SpecDecoder
-
     ours_need_draft = any(METHODS[m].needs_draft_model for m in cfg.run_methods if m in METHODS)
     hf_assisted_here = cfg.resolved_peer_process == "shared" and "hf-assisted" in cfg.run_methods
     if cfg.resolved_backend == "llamacpp":
@@ -80,9 +84,7 @@ def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
             cfg.model, method="ar", options=options, progress=cfg.progress, backend="llamacpp", threads=cfg.threads,
             strict=cfg.strict,
         )
-        from specgraft.models.llamacpp import load_draft_gguf
-
-        draft = load_draft_gguf(cfg.draft_model, decoder.target, progress=cfg.progress) if cfg.draft_model and ours_need_draft else None
+        draft = load_draft_gguf(cfg.settings.draft_model, decoder.target, progress=cfg.progress) if cfg.settings.draft_model and ours_need_draft else None
         return LoadedModels(decoder, draft)
     decoder = SpecDecoder.from_pretrained(
         cfg.model, method="ar", dtype=cfg.dtype, device=cfg.resolved_device, options=options, progress=cfg.progress
@@ -90,10 +92,10 @@ def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
     if decoder.tokenizer is None:
         raise ValueError(f"model {cfg.model!r} has no tokenizer; the benchmark needs one")
     draft = None
-    if cfg.draft_model and (ours_need_draft or hf_assisted_here):
+    if cfg.settings.draft_model and (ours_need_draft or hf_assisted_here):
         draft = load_draft_model(
-            cfg.draft_model, cfg.dtype, decoder.target.device, progress=cfg.progress, target_tokenizer=decoder.tokenizer,
-            quant=cfg.draft_quant,
+            cfg.settings.draft_model, cfg.dtype, decoder.target.device, progress=cfg.progress, target_tokenizer=decoder.tokenizer,
+            quant=cfg.settings.draft_quant,
         )
     return LoadedModels(decoder, draft)
 
@@ -125,7 +127,7 @@ def build_methods(
                 name, target_gguf(cfg), eos, cfg.max_new_tokens, cfg.threads, cfg.temperature, cfg.seed, cfg.llamacpp_draft_max
             )
         elif name in LLAMACPP_TOOL_PEERS:
-            draft_gguf = gguf_of(cfg.draft_model, cfg.progress) if name == "llama-speculative" else None
+            draft_gguf = gguf_of(cfg.settings.draft_model, cfg.progress) if name == "llama-speculative" else None
             out[name] = LlamaToolPeer(
                 name, find_tool(name, cfg.resolved_llamacpp_tools), target_gguf(cfg), draft_gguf, models.decoder.tokenizer, eos,
                 cfg.max_new_tokens, cfg.threads, cfg.temperature, cfg.seed, cfg.llamacpp_draft_max,
@@ -144,8 +146,6 @@ def build_methods(
 
 def gguf_of(model: str | None, progress: bool = True) -> str:
     """The GGUF file of a model argument (a catalog name's pulled GGUF, a .gguf path...)."""
-    from specgraft.models.backends import gguf_path
-
     assert model is not None
     return str(gguf_path(model, progress=progress))
 
@@ -349,11 +349,9 @@ def run_vllm_peers(
     as ``agreement``. ``vllm`` runs again on the inputs where another vLLM peer runs (its
     baseline comes from the same session)."""
     cfg = session.cfg
-    from specgraft.models.resolve import resolve_model
-
     settings = VLLMSettings(
         model=resolve_model(cfg.model, progress=cfg.progress), python=cfg.resolved_vllm_python,
-        num_speculative_tokens=cfg.vllm_spec_tokens, datastores=tuple(cfg.datastores),
+        num_speculative_tokens=cfg.vllm_spec_tokens, datastores=tuple(cfg.settings.datastores),
     )
     version = check_vllm_python(settings.python)
     console.print(f"vLLM peers: vLLM {version} from {settings.python}, model {settings.model}")
@@ -449,8 +447,8 @@ def start_peer_process(cfg: BenchConfig, console: Console, eos: Sequence[int] | 
         return None
     llama = any(m in LLAMACPP_PYTHON_PEERS for m in cfg.process_peers)
     spec = PeerSpec(
-        model=cfg.model, dtype=cfg.dtype, device=cfg.resolved_device, threads=cfg.threads, draft_model=cfg.draft_model,
-        draft_quant=cfg.draft_quant, peers=cfg.process_peers, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+        model=cfg.model, dtype=cfg.dtype, device=cfg.resolved_device, threads=cfg.threads, draft_model=cfg.settings.draft_model,
+        draft_quant=cfg.settings.draft_quant, peers=cfg.process_peers, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
         seed=cfg.seed, gguf=target_gguf(cfg) if llama else None, eos_token_ids=tuple(eos) if eos is not None else None,
         llamacpp_draft_max=cfg.llamacpp_draft_max,
     )
@@ -466,8 +464,6 @@ def _run_loaded(
 ) -> Path:
     """The run once the peers' process (if it loads beside us: ``processes``) has started; a
     process started here is added to ``processes`` (the caller closes them)."""
-    from specgraft.bench.report import write_report
-
     models = load_models(cfg, options)
     if not processes:
         processes += [p for p in [start_peer_process(cfg, console, sorted(models.decoder.engine.eos_token_ids))] if p is not None]
@@ -475,10 +471,8 @@ def _run_loaded(
     methods = build_methods(cfg, models, options, peer_process)
     packages = ("llama_cpp_python",) if cfg.resolved_backend == "llamacpp" or cfg.llamacpp_peers else ()
     session = Session(session_id(), cfg, environment(cfg.resolved_dtype, packages), models.decoder)
-    if cfg.datastores:
-        from specgraft.retrieval import load_datastores
-
-        session.stores = tuple(load_datastores(cfg.datastores, models.decoder.tokenizer))
+    if cfg.settings.datastores:
+        session.stores = tuple(load_datastores(cfg.settings.datastores, models.decoder.tokenizer))
 
     has_template = bool(getattr(models.decoder.tokenizer, "chat_template", None))
     notes = list(suite.notes)

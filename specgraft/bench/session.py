@@ -20,7 +20,7 @@ from specgraft.bench.contract import BenchMethod, MethodRun
 from specgraft.bench.peers import PEERS
 from specgraft.bench.records import RESULTS_FILE, ResultRow, read_rows
 from specgraft.bench.repetition import self_repetition
-from specgraft.suites import BenchPrompt, Suite, conversation_ids
+from specgraft.suites import BenchPrompt, Suite, conversation_ids, read_prompt_file
 
 def plain_answers(out_dir: str | Path, tokenizer) -> list[tuple[dict[str, Any], list[int]]]:
     """Each plain-decoding (``ar``) output of a finished bench run, first pass, one per prompt
@@ -28,8 +28,6 @@ def plain_answers(out_dir: str | Path, tokenizer) -> list[tuple[dict[str, Any], 
     the target was given before it (chat template applied as the run did; a later turn holds the
     earlier turns and the model's own answers). Offline analyses of a run's answers start here
     (``benchmarks/measure_ceiling.py``, ``measure_copy_bound.py``, ``measure_reader_oracle.py``)."""
-    from specgraft.suites import read_prompt_file
-
     out_dir = Path(out_dir)
     missing = [name for name in (RUN_FILE, RESULTS_FILE) if not (out_dir / name).is_file()]
     if missing:
@@ -91,7 +89,7 @@ def session_id() -> str:
 RECORDED_SINCE = {
     "resolved_draft_quant": lambda before: "none" if before.get("draft_model") else None,
     "preset": "cpu", "sample_drafts": False, "resolved_device": "cpu", "learning": "shared", "datastores": [], "reader_shape": None,
-    "vllm_spec_tokens": 5, "row_cost": None, "draft_extend": None,
+    "vllm_spec_tokens": 5, "row_cost": None, "draft_depth": None, "draft_top_k": None, "draft_extend": None,
     "draft_stop_min": None, "draft_row_cost": None, "draft_copy_ahead": None, "rounds": 1,
     # before peer_process, the peers ran in the bench's own process
     "resolved_peer_process": lambda before: "shared" if any(m in PEERS for m in before.get("run_methods", ())) else None,

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import specgraft
 from specgraft.bench.contract import MethodRun
+from specgraft.integrations.vllm import DATASTORE_ENV, speculative_config
 
 #: Environment variable naming the vLLM venv's python (``--vllm-python`` wins).
 VLLM_PYTHON_ENV = "SPECGRAFT_VLLM_PYTHON"
@@ -58,8 +60,6 @@ def speculative_config_for(name: str, num_speculative_tokens: int) -> dict[str, 
     >>> speculative_config_for("vllm", 5) is None
     True
     """
-    from specgraft.integrations.vllm import speculative_config
-
     if name == "vllm":
         return None
     if name == "vllm-ngram":
@@ -91,8 +91,6 @@ class VLLMSettings:
 
 def _project_root() -> str:
     """The directory holding the ``specgraft`` package, for the subprocess's ``PYTHONPATH``."""
-    import specgraft
-
     return str(Path(specgraft.__file__).resolve().parent.parent)
 
 
@@ -133,8 +131,6 @@ def run_vllm_peer(
         "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "1"),
     }
     if name == "vllm-specgraft-reader":
-        from specgraft.integrations.vllm import DATASTORE_ENV
-
         env[DATASTORE_ENV] = os.pathsep.join(settings.datastores)
     with log_file.open("w") as log:
         proc = subprocess.run(

@@ -10,7 +10,8 @@ every position's top-k successors fill its token's row, as Token Recycling's pre
 - :mod:`~specgraft.calibration.costs`: verify cost by node count, measured on this machine.
 - :mod:`~specgraft.calibration.fit`: the threshold rule (predicted throughput, monotone, one
   standard error), pooled and per task.
-- :mod:`~specgraft.calibration.io`: the file (JSON + the matrix as ``.npz``).
+- :mod:`~specgraft.methods.calibration_file`: the file (JSON + the matrix as ``.npz``), which
+  the methods read (so it lives below this package).
 
 :func:`run_calibration` puts them together; ``specgraft calibrate`` (``cli/calibrate.py``) is its
 command line.
@@ -26,10 +27,10 @@ import torch
 
 from specgraft.calibration.costs import measure_verify_s
 from specgraft.calibration.fit import DECILES, StepFit, choice_report, threshold_grid
-from specgraft.calibration.io import CALIBRATED_VARIANTS, Calibration, load_calibration, save_calibration, thresholds_table
+from specgraft.methods.calibration_file import CALIBRATED_VARIANTS, Calibration, load_calibration, save_calibration, thresholds_table
 from specgraft.calibration.record import record_steps
 from specgraft.calibration.warmup import warm_up_matrix
-from specgraft.composers.graft import GraftComposer, GraftConfig, StagePlanner
+from specgraft.composers.graft import GraftComposer, StagePlanner
 from specgraft.methods.graft import graft_config
 from specgraft.drafters.base import Learning
 from specgraft.drafters.draft_model import DraftModelDrafter, DraftTreeConfig

@@ -36,12 +36,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-FORMAT = "specgraft-reader-shape"
-SHAPE_KEYS = ("draft_nodes", "d_search", "d_deep")
-"""What ``specgraft tune`` searches and writes."""
-OPTIONAL_KEYS = ("deepen_depth", "key_len", "min_match", "search_nodes", "width")
-"""Other ``ReaderConfig`` fields a shape file may set (written by hand: ``tune`` keeps them at
-their defaults)."""
+from specgraft.methods.reader_shape_file import FORMAT, OPTIONAL_KEYS, SHAPE_KEYS, load_shape
+
+__all__ = ["FORMAT", "OPTIONAL_KEYS", "SHAPE_KEYS", "ShapeChoice", "SlotRecord", "load_shape", "predict", "save_shape", "search_shape"]
 
 
 @dataclass
@@ -146,28 +143,6 @@ def save_shape(path: str | Path, identity: dict[str, Any], choice: ShapeChoice, 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
-
-
-def load_shape(path: str | Path, identity: dict[str, Any] | None = None) -> dict[str, int]:
-    """The shape in a ``specgraft tune`` file; ``ValueError`` when it is not one or was made for
-    another target, draft model or preset than ``identity``."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"reader shape {str(path)!r} cannot be read: {e}") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"{str(path)!r} is not a READER shape file (`specgraft tune` writes one)")
-    if identity is not None:
-        made = data.get("identity", {})
-        diff = [f"{k} {made.get(k)!r} (now {v!r})" for k, v in identity.items() if made.get(k) != v]
-        if diff:
-            raise ValueError(f"reader shape {str(path)!r} was tuned for another setup: " + ", ".join(diff))
-    shape = data["shape"]
-    unknown = sorted(set(shape) - set(SHAPE_KEYS) - set(OPTIONAL_KEYS))
-    if unknown:
-        raise ValueError(f"reader shape {str(path)!r} has unknown fields {unknown}; known: {', '.join(SHAPE_KEYS + OPTIONAL_KEYS)}")
-    return {k: int(shape[k]) for k in SHAPE_KEYS} | {k: int(shape[k]) for k in OPTIONAL_KEYS if k in shape}
 
 
 def predict(path: str | Path, draft_nodes: int, d_search: int, d_deep: int) -> ShapeChoice:

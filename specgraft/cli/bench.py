@@ -1,5 +1,5 @@
-"""`specgraft bench | report`: the benchmark as typer commands (``python -m specgraft.bench`` runs
-``bench`` standalone). Imports no torch: the runner is imported when the command runs."""
+"""`specgraft bench | report`: the benchmark as typer commands. Imports no torch: the runner is
+imported when the command runs. The method options are the shared ones (``cli/options.py``)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,36 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.options import BACKEND, COST_TABLE, ROW_COST, STRICT, check_seed, draft_quant_option, resolve_cost_table, row_cost_value
+from specgraft.cli.options import (
+    BACKEND,
+    CALIBRATION,
+    COST_TABLE,
+    DATASTORE,
+    DRAFT_COPY_AHEAD,
+    DRAFT_DEPTH,
+    DRAFT_EXTEND,
+    DRAFT_MODEL,
+    DRAFT_ROW_COST,
+    DRAFT_STOP_MIN,
+    DRAFT_TOP_K,
+    LEARNING,
+    PRESET,
+    READER_SHAPE,
+    RECYCLING_STATE,
+    ROW_COST,
+    SAMPLE_DRAFTS,
+    STRICT,
+    check_seed,
+    draft_quant_option,
+    resolve_cost_table,
+    row_cost_value,
+)
 from specgraft.methods import method_names  # imports no torch
 
 
 def bench(
     model: str = typer.Option(..., "--model", "-m", help="Target: catalog name, local directory or Hugging Face id."),
-    draft_model: Optional[str] = typer.Option(
-        None, "--draft-model",
-        help="Draft model (same tokenizer), loaded once for hf-assisted, draft-tree and the graft variants.",
-    ),
+    draft_model: Optional[str] = DRAFT_MODEL,
     draft_quant: str = draft_quant_option(),
     methods: str = typer.Option(
         "ar,pld,recycling", "--methods",
@@ -44,51 +64,23 @@ def bench(
         None, "--budget",
         help="Tree nodes verified per step (default: each method's default budget, the preset's for draft-model methods; recorded).",
     ),
-    preset: str = typer.Option(
-        "cpu", "--preset",
-        help="Draft tree preset of draft-tree and the graft variants: cpu (depth 4, top-k 2, budget 8; draft-tree 16 with "
-        "long chains: past 8 nodes only confident ones) or gpu "
-        "(depth 8, top-k 10, budget 60); without --budget its budget is used (recorded).",
-    ),
-    sample_drafts: bool = typer.Option(
-        False, "--sample-drafts",
-        help="draft-tree and graft variants sample draft children at --temperature (> 0) and verify by rejection sampling.",
-    ),
-    draft_extend: Optional[int] = typer.Option(
-        None, "--draft-extend",
-        help="Most one-row draft forwards continuing the best draft path past the depth while the draft stays confident "
-        "(draft-tree, graft*; default: the preset's, 12 for draft-tree's long chains, which a given value turns off; 0 = off; recorded).",
-    ),
-    draft_stop_min: Optional[float] = typer.Option(
-        None, "--draft-stop-min",
-        help="The draft tree stops drafting deeper layers when its best new path's draft probability is below this "
-        "(draft-tree, graft*; default: the preset's; 0 = always the full depth; recorded).",
-    ),
-    draft_row_cost: Optional[float] = typer.Option(
-        None, "--draft-row-cost",
-        help="draft-tree: cut each step's kept nodes, best first, where expected tokens per unit of cost peak, a verified "
-        "row costing this fraction of a step that verifies none (default: the preset's, 0.05 on cpu; 0 = no cut; recorded).",
-    ),
-    draft_copy_ahead: Optional[int] = typer.Option(
-        None, "--draft-copy-ahead",
-        help="Rows each draft-tree extension forward guesses from the context, kept while the draft agrees (draft-tree, "
-        "graft*; default: the preset's; 0 = off; recorded).",
-    ),
+    preset: str = PRESET,
+    sample_drafts: bool = SAMPLE_DRAFTS,
+    draft_depth: Optional[int] = DRAFT_DEPTH,
+    draft_top_k: Optional[int] = DRAFT_TOP_K,
+    draft_extend: Optional[int] = DRAFT_EXTEND,
+    draft_stop_min: Optional[float] = DRAFT_STOP_MIN,
+    draft_row_cost: Optional[float] = DRAFT_ROW_COST,
+    draft_copy_ahead: Optional[int] = DRAFT_COPY_AHEAD,
     threads: Optional[int] = typer.Option(
         None, "--threads",
         help="torch threads (default: torch's choice), and llama.cpp's (decode and batch; our backend, its peers and programs; "
         "default: the CPU count); recorded.",
     ),
     device: str = typer.Option("auto", "--device", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; recorded."),
-    learning: str = typer.Option(
-        "request", "--learning",
-        help="request: every input starts from the shared drafter state (priors, --recycling-state); shared: what each "
-        "input learns carries over to the next (the result then depends on prompt order).",
-    ),
-    datastore: Optional[list[str]] = typer.Option(
-        None, "--datastore", help="Datastore directory for the reader methods (repeat or comma list; recorded)."
-    ),
-    reader_shape: Optional[str] = typer.Option(None, "--reader-shape", help="READER tree shape from `specgraft tune` (recorded)."),
+    learning: str = LEARNING,
+    datastore: Optional[list[str]] = DATASTORE,
+    reader_shape: Optional[str] = READER_SHAPE,
     row_cost: Optional[str] = ROW_COST,
     cost_table: str = COST_TABLE,
     vllm_python: Optional[str] = typer.Option(
@@ -129,32 +121,36 @@ def bench(
         help="EAGLE's alpaca set (CC BY-NC 4.0, not packaged) for --suite eagle; "
         "default ../shared/data/bench/alpaca_eagle80.jsonl when it exists, else skipped.",
     ),
-    recycling_state: Optional[str] = typer.Option(None, "--recycling-state", help="Successor matrix .npz for recycling."),
-    calibration: Optional[str] = typer.Option(
-        None, "--calibration", help="Calibration JSON from `specgraft calibrate` for the graft variants."
-    ),
+    recycling_state: Optional[str] = RECYCLING_STATE,
+    calibration: Optional[str] = CALIBRATION,
 ) -> None:
     """Benchmark methods against plain decoding, Hugging Face generate and llama.cpp on real prompt sets."""
     from specgraft.bench.config import BenchConfig
     from specgraft.bench.runner import run_benchmark
     from specgraft.cli.options import split_paths
+    from specgraft.methods.settings import MethodSettings
     from specgraft.models.backends import resolve_backend
 
     resolved = resolve_backend(backend, model)
 
+    settings = MethodSettings(
+        draft_model=draft_model, draft_quant=draft_quant, preset=preset, calibration=calibration, draft_depth=draft_depth,
+        draft_top_k=draft_top_k, draft_extend=draft_extend, draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost,
+        draft_copy_ahead=draft_copy_ahead, sample_drafts=sample_drafts, recycling_state=recycling_state, learning=learning,
+        datastores=split_paths(datastore), reader_shape=reader_shape,
+    )
     config = BenchConfig(
-        model=model, out=out, methods=methods, suite=suite, draft_model=draft_model, draft_quant=draft_quant, per_task=per_task,
-        max_new_tokens=max_new_tokens, temperature=temperature, dtype=dtype, seed=seed, budget=budget,
-        threads=threads, resume=resume, bracket=bracket, rounds=rounds, alpaca_path=alpaca_path, recycling_state=recycling_state, calibration=calibration,
-        preset=preset, sample_drafts=sample_drafts, draft_extend=draft_extend, draft_stop_min=draft_stop_min, draft_row_cost=draft_row_cost, draft_copy_ahead=draft_copy_ahead, device=device, learning=learning, datastores=split_paths(datastore),
-        reader_shape=reader_shape, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens, peer_process=peer_process,
+        model=model, out=out, methods=methods, suite=suite, settings=settings, per_task=per_task, max_new_tokens=max_new_tokens,
+        temperature=temperature, dtype=dtype, seed=seed, budget=budget, threads=threads, resume=resume, bracket=bracket, rounds=rounds,
+        alpaca_path=alpaca_path, device=device, vllm_python=vllm_python, vllm_spec_tokens=vllm_spec_tokens, peer_process=peer_process,
         backend=backend, strict=strict, llamacpp_tools=llamacpp_tools, llamacpp_draft_max=llamacpp_draft_max,
     )
     # after the options are checked: the row cost and budgets it derives are recorded with the run
-    config = dataclasses.replace(
-        config, row_cost=row_cost_value(row_cost, model, device, threads, resolved),
+    settings = dataclasses.replace(
+        settings, row_cost=row_cost_value(row_cost, model, device, threads, resolved),
         cost_table=resolve_cost_table(cost_table, model, device, threads, resolved),
     )
+    config = dataclasses.replace(config, settings=settings)
     report = run_benchmark(config)
     typer.echo(report.read_text())
 

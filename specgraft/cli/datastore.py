@@ -119,10 +119,7 @@ def datastore_generate(
     set_threads(threads)
     from specgraft.api import SpecDecoder
 
-    options = method_options(
-        model, dtype, draft_model=draft_model, calibration=None, preset="cpu", draft_depth=None, draft_top_k=None,
-        recycling_state=None, learning="request", datastore=None, reader_shape=None, draft_quant=draft_quant,
-    )
+    options = method_options(model, dtype, draft_model=draft_model, draft_quant=draft_quant)
     method = method if method is not None else default_method(options)
     get_method(method).check(options)  # a missing draft model, before the target loads
     decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options, cache_dir=cache_dir)

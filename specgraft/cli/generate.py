@@ -11,7 +11,7 @@ from specgraft.agreement import agreement
 from specgraft.cli.options import (
     BACKEND, CALIBRATION, CHAT, COST_TABLE, DATASTORE, DEMO_MODEL, DEVICE, DRAFT_COPY_AHEAD, DRAFT_DEPTH, DRAFT_EXTEND, DRAFT_MODEL,
     DRAFT_ROW_COST, DRAFT_STOP_MIN, DRAFT_TOP_K, DTYPE, LEARNING, MODEL, PRESET, READER_SHAPE, RECYCLING_STATE, REDUCED_PRECISION, ROW_COST,
-    SEED, STRICT, THREADS, chat_mode, draft_quant_option, err, method_help, method_options, out, prompt_format, resolve_model_dtype,
+    SAMPLE_DRAFTS, SEED, STRICT, THREADS, chat_mode, draft_quant_option, err, method_help, method_options, out, prompt_format, resolve_model_dtype,
     row_cost_value, set_threads,
 )
 from specgraft.methods import METHODS, MethodOptions, default_method, derived_budget, get_method, method_names
@@ -238,10 +238,7 @@ def generate(
     draft_model: Optional[str] = DRAFT_MODEL,
     calibration: Optional[str] = CALIBRATION,
     preset: str = PRESET,
-    sample_drafts: bool = typer.Option(
-        False, "--sample-drafts",
-        help="Sample draft children at --temperature (> 0) and verify by rejection sampling (draft-tree, graft*); exact like the default.",
-    ),
+    sample_drafts: bool = SAMPLE_DRAFTS,
     draft_depth: Optional[int] = DRAFT_DEPTH,
     draft_top_k: Optional[int] = DRAFT_TOP_K,
     draft_extend: Optional[int] = DRAFT_EXTEND,

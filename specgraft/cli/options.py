@@ -14,7 +14,8 @@ import typer
 from rich.console import Console
 
 from specgraft.config import SEED_LIMIT
-from specgraft.methods import METHODS, GraftOptions, MethodOptions, method_names, with_sampled_drafts
+from specgraft.methods import METHODS, MethodOptions, method_names
+from specgraft.methods.settings import MethodSettings
 
 
 # plain text: summaries start with `[method]`, which rich would take for markup
@@ -156,11 +157,13 @@ THREADS = typer.Option(None, help="torch threads (default: torch's choice).")
 DEVICE = typer.Option("auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N; the draft model's too.")
 
 
-RECYCLING_STATE = typer.Option(None, help="Successor matrix .npz from `specgraft warmup` (recycling).")
+RECYCLING_STATE = typer.Option(None, "--recycling-state", help="Successor matrix .npz from `specgraft warmup` (recycling).")
 
 
 DRAFT_MODEL = typer.Option(
-    None, "--draft-model", help="Draft model sharing the target's tokenizer (draft-tree, graft*): catalog name, directory or hub id."
+    None, "--draft-model",
+    help="Draft model sharing the target's tokenizer (draft-tree, graft*, reader*; the bench's hf-assisted and llama-speculative): "
+    "catalog name, directory or hub id.",
 )
 
 
@@ -173,6 +176,12 @@ PRESET = typer.Option(
     "cpu", "--preset",
     help="Draft tree preset: cpu (depth 4, top-k 2, budget 8; draft-tree 16 with long chains: past 8 nodes only confident ones) "
     "or gpu (depth 8, top-k 10, budget 60); without --budget its budget is used.",
+)
+
+
+SAMPLE_DRAFTS = typer.Option(
+    False, "--sample-drafts",
+    help="Sample draft children at --temperature (> 0) and verify by rejection sampling (draft-tree, graft*); exact like the default.",
 )
 
 
@@ -212,7 +221,11 @@ DRAFT_COPY_AHEAD = typer.Option(
 )
 
 
-LEARNING = typer.Option("request", help="request (default) or shared: see `specgraft.drafters.base.Learning`.")
+LEARNING = typer.Option(
+    "request", "--learning",
+    help="request (default): every request starts from the shared drafter state (priors, --recycling-state); shared: what "
+    "each request learns carries over to the next (outputs never change; speed then depends on request order).",
+)
 
 
 DATASTORE = typer.Option(None, "--datastore", help="Datastore directory for reader (repeat or comma list; `specgraft datastore build`).")
@@ -270,38 +283,20 @@ def method_options(
     model: str,
     dtype: str,
     *,
-    draft_model: Optional[str],
-    calibration: Optional[str],
-    preset: str,
-    draft_depth: Optional[int],
-    draft_top_k: Optional[int],
-    recycling_state: Optional[str],
-    learning: str,
-    datastore: Optional[list[str]],
-    reader_shape: Optional[str],
+    datastore: Optional[list[str]] = None,
     sample_drafts_at: Optional[float] = None,
-    draft_quant: str = "auto",
-    row_cost: Optional[float] = None,
     cost_table: Optional[str] = "auto",
-    draft_extend: Optional[int] = None,
-    draft_stop_min: Optional[float] = None,
-    draft_row_cost: Optional[float] = None,
-    draft_copy_ahead: Optional[int] = None,
+    **settings,
 ) -> MethodOptions:
-    """The :class:`MethodOptions` of the options above; ``sample_drafts_at``: sample draft children
-    at this temperature (``--sample-drafts``); ``draft_quant``: the draft model's numerics."""
-    from specgraft.methods.reader import reader_config
-
-    graft = GraftOptions(
-        draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant, preset=preset, depth=draft_depth, top_k=draft_top_k,
-        extend=draft_extend, stop_min=draft_stop_min, row_cost=draft_row_cost, copy_ahead=draft_copy_ahead, calibration=calibration,
+    """The :class:`MethodOptions` of the shared options: ``settings`` are
+    :class:`~specgraft.methods.settings.MethodSettings` fields (``draft_model``, ``preset``,
+    ``draft_extend``, ...); ``datastore``: the ``--datastore`` values (repeated or comma lists);
+    ``sample_drafts_at``: sample draft children at this temperature (``--sample-drafts``);
+    ``cost_table``: ``--cost-table`` (``auto`` is resolved when the model loads)."""
+    resolved = MethodSettings(
+        datastores=split_paths(datastore), sample_drafts=sample_drafts_at is not None, cost_table=cost_table_value(cost_table), **settings
     )
-    if sample_drafts_at is not None:
-        graft = with_sampled_drafts(graft, sample_drafts_at)
-    return MethodOptions(
-        recycling_state=recycling_state, graft=graft, learning=learning, datastores=split_paths(datastore),
-        reader=reader_config(reader_shape, model, draft_model, preset), row_cost=row_cost, cost_table=cost_table_value(cost_table),
-    )
+    return resolved.options(model, dtype, sample_drafts_at or 0.0)
 
 
 def resolve_cost_table(value: Optional[str], model: str, device: str, threads: Optional[int], backend: str = "hf") -> Optional[str]:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedTokenizerBase
 
-    from specgraft.calibration.io import Calibration
+    from specgraft.methods.calibration_file import Calibration
     from specgraft.composers.graft import GraftComposer
     from specgraft.drafters.base import Drafter
     from specgraft.drafters.draft_model import DraftTreeConfig
@@ -217,7 +217,7 @@ def check_graft_options(variant: str, options: GraftOptions, draft_model: nn.Mod
     """What can be checked before any model is loaded: a draft model is given or named, and
     the calibration file (if ``variant`` reads one) is readable and, if ``variant`` takes its
     thresholds from it, made for this run's draft settings. ``ValueError`` otherwise."""
-    from specgraft.calibration.io import load_calibration
+    from specgraft.methods.calibration_file import load_calibration
 
     require_draft_model(variant, options, draft_model)
     if options.calibration and reads_calibration(variant):
@@ -270,7 +270,7 @@ def check_calibration_budget(variant: str, options: GraftOptions, budget: int) -
     """``ValueError`` when ``variant`` would gate on a calibration's thresholds at a budget other
     than the one they were fitted at. Building a method does not know the budget (it is chosen
     per generation), so the code that resolves a run's budget calls this."""
-    from specgraft.calibration.io import load_calibration
+    from specgraft.methods.calibration_file import load_calibration
 
     if uses_calibrated_thresholds(variant, options):
         check_calibration_draft(options, load_calibration(options.calibration), budget)
@@ -384,7 +384,7 @@ def build_graft_method(
     pass, so :class:`~specgraft.api.SpecDecoder` loads the draft model itself, with the check,
     before building. ``learning`` is ``MethodOptions.learning`` (the successor matrix's policy).
     """
-    from specgraft.calibration.io import load_calibration
+    from specgraft.methods.calibration_file import load_calibration
     from specgraft.composers.graft import GraftComposer, GraftConfig, StagePlanner
     from specgraft.drafters.base import Learning
     from specgraft.drafters.draft_model import DraftModelDrafter, get_preset

@@ -61,7 +61,7 @@ def reader_config(path: str | None, model: str, draft_model: str | None, preset:
 
     if path is None:
         return ReaderConfig()
-    from specgraft.calibration.reader_shape import load_shape
+    from specgraft.methods.reader_shape_file import load_shape
 
     return ReaderConfig(**load_shape(path, {"model": model, "draft_model": draft_model, "preset": preset}))
 

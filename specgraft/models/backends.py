@@ -23,6 +23,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from specgraft.models.catalog import load_catalog
+from specgraft.models.pull import pull_gguf
+
 BACKENDS = ("auto", "hf", "llamacpp")
 
 
@@ -49,9 +52,6 @@ def gguf_path(name_or_path: str | os.PathLike[str], cache_dir: str | os.PathLike
     pulled directory (pulled, or its GGUF assembled again, on first use: ``pull_gguf``); a
     directory holding exactly one ``.gguf``. ``ValueError`` otherwise (a hub id, a directory of
     safetensors)."""
-    from specgraft.models.catalog import load_catalog
-    from specgraft.models.pull import pull_gguf
-
     text = os.fspath(name_or_path)
     path = Path(text).expanduser()
     if is_gguf_file(text):

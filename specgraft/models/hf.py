@@ -56,6 +56,8 @@ class HFTarget(TreeInputs):
     #: ``forward_batch(fill_outputs=True)`` returns a fused start's prompt rows' hidden states,
     #: so drafters with ``deferred_prefill`` may start fused (``SpecEngine.start``)
     fill_outputs: ClassVar[bool] = True
+    #: extra verified rows are cheap next to the one-row step (``TargetModel.dear_rows``)
+    dear_rows: ClassVar[bool] = False
 
     def __init__(self, model: PreTrainedModel, options: TargetOptions | None = None, **changes):
         # one frozen record of how this target computes; keyword arguments change single fields:

@@ -56,6 +56,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 import torch
 
+from specgraft.models.backends import gguf_path
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
 
 #: The llama-cpp-python release the backend is built and tested against.
@@ -556,8 +557,6 @@ def load_draft_gguf(
     """A draft model's GGUF in a llama.cpp context of its own, with ``target``'s threads (never
     strict: a draft's numbers never reach the output); ``ValueError`` unless its vocabulary is
     the target's size (a tokenizer check needs the Hugging Face tokenizers: ``SpecDecoder``)."""
-    from specgraft.models.backends import gguf_path
-
     draft = LlamaCppTarget(gguf_path(name_or_path, cache_dir=cache_dir, progress=progress), threads=target.threads, name=str(name_or_path))
     if draft.vocab_size != target.vocab_size:
         raise ValueError(

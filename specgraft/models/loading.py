@@ -25,6 +25,8 @@ from specgraft.models.attention import PACKED_SDPA, attention_implementation
 from specgraft.models.device import parse_dtype
 from specgraft.models.fusion import fuse_by_default, fuse_projections
 from specgraft.models.kernels import use_onednn_linears
+from specgraft.models.quant import INT8_QUANTS, draft_load_dtype, quantize_int8_dynamic, resolve_draft_quant
+from specgraft.models.resolve import load_errors, resolve_model
 
 if TYPE_CHECKING:
     from torch import nn
@@ -155,9 +157,6 @@ def load_draft_model(
     :class:`~specgraft.models.resolve.ModelLoadError` naming it.
     """
     from transformers import AutoConfig
-
-    from specgraft.models.quant import INT8_QUANTS, draft_load_dtype, quantize_int8_dynamic, resolve_draft_quant
-    from specgraft.models.resolve import load_errors, resolve_model
 
     quant = resolve_draft_quant(quant, device)
     resolved = parse_dtype(draft_load_dtype(quant, dtype), device)

@@ -40,6 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from specgraft.files import drop_partial_last_line
+from specgraft.progress import progress_bar
+from specgraft.suites import conversation_ids
+
 __all__ = ["AnswerRun", "answered_ids", "generate_answers"]
 
 
@@ -96,10 +100,6 @@ def generate_answers(
     datastore); ``extra``: fields added to every record (model, method).
     """
     from rich.console import Console
-
-    from specgraft.files import drop_partial_last_line
-    from specgraft.progress import progress_bar
-    from specgraft.suites import conversation_ids
 
     out_path = Path(out_path)
     done = answered_ids(out_path)

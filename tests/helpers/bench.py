@@ -55,7 +55,7 @@ def config(target: str, out: Path, **kw) -> BenchConfig:
     base = dict(
         model=target, out=str(out), max_new_tokens=MAX_NEW, dtype="float32", threads=1, warmup_tokens=2, progress=False, bracket=False
     )
-    return BenchConfig(**(base | kw))
+    return BenchConfig.from_dict(base | kw)
 
 
 def check_rows_consistent(rows) -> None:

@@ -27,6 +27,7 @@ from specgraft.bench.session import plain_answers
 from specgraft.suites import conversation_ids
 from specgraft.calibration import save_calibration
 from specgraft.methods import METHODS
+from specgraft.methods.settings import MethodSettings
 from specgraft.models.device import parse_dtype
 from specgraft.models.kernels import OneDNNLinear
 from specgraft.models.quant import draft_numerics
@@ -187,24 +188,24 @@ def test_custom_jsonl_and_bad_input(tmp_path):
 )
 def test_bad_config(kw, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        BenchConfig(model="m", out="o", **kw)
+        BenchConfig.from_dict({"model": "m", "out": "o", **kw})
 
 
 def test_run_order():
     assert BenchConfig(model="m", out="o", methods="hf-pld,recycling").run_methods == ("ar", "recycling", "hf", "hf-pld", "ar-end")
     assert BenchConfig(model="m", out="o", methods="pld", bracket=False).run_methods == ("ar", "pld")
-    everything = BenchConfig(model="m", out="o", methods="all", draft_model="d").run_methods
+    everything = BenchConfig(model="m", out="o", methods="all", settings=MethodSettings(draft_model="d")).run_methods
     assert set(everything) == set(METHODS) | set(PEERS) | {"ar-end"}
     without_draft = BenchConfig(model="m", out="o", methods="all", bracket=False).run_methods
     assert set(without_draft) == {m for m in METHODS if not METHODS[m].needs_draft_model} | {"hf", "hf-pld"}
 
 
 def test_budgets_and_dtype_are_resolved():
-    cfg = BenchConfig(model="m", out="o", methods="pld,draft-tree", draft_model="d")
+    cfg = BenchConfig(model="m", out="o", methods="pld,draft-tree", settings=MethodSettings(draft_model="d"))
     assert cfg.budget is None and cfg.budgets == {m: METHODS[m].default_budget for m in ("ar", "pld", "draft-tree")}
     assert BenchConfig(model="m", out="o", budget=5).budgets == {"ar": 5, "pld": 5, "recycling": 5}
     assert "--budget" not in cfg.to_command() and "--budget 5" in BenchConfig(model="m", out="o", budget=5).to_command()
-    copy = BenchConfig(model="m", out="o", methods="draft-tree", draft_model="d", draft_copy_ahead=0)
+    copy = BenchConfig(model="m", out="o", methods="draft-tree", settings=MethodSettings(draft_model="d", draft_copy_ahead=0))
     assert "--draft-copy-ahead" not in cfg.to_command() and "--draft-copy-ahead 0" in copy.to_command()
     assert copy.method_options().graft.copy_ahead == 0 and copy.comparable()["draft_copy_ahead"] == 0
     assert cfg.dtype == "auto" and cfg.resolved_dtype == str(parse_dtype("auto")).removeprefix("torch.")
@@ -485,7 +486,7 @@ def test_one_draft_model_for_every_method(target_dir, draft_dir, tmp_path):
     kernels = {type(m) for m in models.draft.modules()} & {OneDNNLinear, torch.nn.Linear}
     assert kernels == {type(m) for m in models.decoder.model.modules()} & {OneDNNLinear, torch.nn.Linear}
     # --draft-quant int8 (auto on CPU): the one loaded draft (hf-assisted's too) has int8 linears
-    cfg = replace(cfg, draft_quant="int8")
+    cfg = replace(cfg, settings=replace(cfg.settings, draft_quant="int8"))
     options = cfg.method_options()
     models = load_models(cfg, options)
     methods = build_methods(cfg, models, options)

@@ -24,6 +24,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from specgraft.methods.settings import MethodSettings  # noqa: E402
 from specgraft.bench import BenchConfig, run_benchmark  # noqa: E402
 from specgraft.bench.llamacpp_tools import ToolOutput, find_tool, parse_tool_output  # noqa: E402
 from specgraft.bench.records import RESULTS_FILE, read_rows  # noqa: E402
@@ -127,7 +128,7 @@ def bench(ggufs, out: Path, **kw) -> tuple[list, dict, str]:
     base = dict(
         model=ggufs["target"], out=str(out), suite="humaneval:2", max_new_tokens=MAX_NEW, threads=1, warmup_tokens=2, progress=False,
     )
-    report = run_benchmark(BenchConfig(**(base | kw)))
+    report = run_benchmark(BenchConfig.from_dict(base | kw))
     return read_rows(out / RESULTS_FILE), json.loads((out / "run.json").read_text()), report.read_text()
 
 
@@ -317,7 +318,7 @@ def test_config_on_llamacpp(tools, monkeypatch):
     assert "adapld" not in cfg.methods and {"llamacpp", "llamacpp-pld"} <= set(cfg.methods)
     assert "llama-lookup" not in cfg.methods, "the programs join 'all' only when their folder is known"
     monkeypatch.setenv("SPECGRAFT_LLAMACPP_TOOLS", str(folder))
-    everything = BenchConfig(model="m.gguf", out="o", methods="all", draft_model="d.gguf")
+    everything = BenchConfig(model="m.gguf", out="o", methods="all", settings=MethodSettings(draft_model="d.gguf"))
     assert {"llama-lookup", "llama-speculative", "draft-tree"} <= set(everything.methods)
     assert everything.resolved_llamacpp_tools == str(folder) and "--llamacpp-tools" not in everything.to_command()
     assert everything.resolved_draft_quant == "gguf"
@@ -345,7 +346,7 @@ def test_config_on_llamacpp(tools, monkeypatch):
 def test_bad_llamacpp_config(kw, message, monkeypatch):
     monkeypatch.delenv("SPECGRAFT_LLAMACPP_TOOLS", raising=False)
     with pytest.raises(ValueError, match=re.escape(message)):
-        BenchConfig(**({"model": "m.gguf", "out": "o"} | kw))
+        BenchConfig.from_dict({"model": "m.gguf", "out": "o"} | kw)
 
 
 def test_strict_needs_llamacpp():

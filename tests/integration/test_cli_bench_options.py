@@ -14,6 +14,7 @@ from specgraft.bench.records import RESULTS_FILE, read_rows
 from specgraft.bench.config import RUN_FILE
 from specgraft.bench.session import check_resume as _check_resume
 from specgraft.methods import METHODS
+from specgraft.methods.settings import MethodSettings
 
 
 def test_preset_and_sampled_drafts(target_dir, draft_dir, tmp_path):
@@ -39,10 +40,10 @@ def test_preset_and_sampled_drafts(target_dir, draft_dir, tmp_path):
 
 def test_bench_config_checks_and_resume(tmp_path):
     with pytest.raises(ValueError, match="--sample-drafts needs --temperature > 0"):
-        BenchConfig(model="m", out="o", sample_drafts=True)
+        BenchConfig(model="m", out="o", settings=MethodSettings(sample_drafts=True))
     with pytest.raises(ValueError, match="unknown draft preset 'tpu'"):
-        BenchConfig(model="m", out="o", preset="tpu")
-    assert BenchConfig(model="m", out="o", methods="pld", budget=5, preset="gpu").budgets == {"ar": 5, "pld": 5}
+        BenchConfig(model="m", out="o", settings=MethodSettings(preset="tpu"))
+    assert BenchConfig(model="m", out="o", methods="pld", budget=5, settings=MethodSettings(preset="gpu")).budgets == {"ar": 5, "pld": 5}
 
     # a run.json written before --preset existed was made with the cpu preset and no sampled drafts
     cfg = BenchConfig(model="m", out=str(tmp_path), methods="pld")
@@ -50,4 +51,4 @@ def test_bench_config_checks_and_resume(tmp_path):
     (tmp_path / RUN_FILE).write_text(json.dumps({"config": old}))
     _check_resume(tmp_path, cfg)
     with pytest.raises(ValueError, match="different config .*preset"):
-        _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", preset="gpu"))
+        _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", settings=MethodSettings(preset="gpu")))

@@ -10,8 +10,14 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from specgraft.config import GenerationConfig
+from specgraft.drafters.adapld import AdaPLDConfig, AdaPLDDrafter
+from specgraft.drafters.pld import PLDConfig, PLDDrafter
+from specgraft.drafters.reader_retrieval import ReaderConfig, ReaderRetrieval
 from specgraft.integrations.vllm.chains import ChainCost, costed_chain
 from specgraft.integrations.vllm.env import DATASTORE_ENV, require_vllm
+from specgraft.retrieval import load_datastores
+from specgraft.types import DraftTree, PrefillOutput, StepResult, VerifyResult
 
 
 logger = logging.getLogger(__name__)
@@ -38,8 +44,6 @@ def _step(tokens: np.ndarray, sampled: Sequence[int]):
     vLLM accepted ``sampled[:-1]`` of our chain and emitted ``sampled[-1]``. Drafters read its
     ``new_tokens`` (accepted + bonus) and ``context``; the target's logits are not known here."""
     import torch
-
-    from specgraft.types import DraftTree, StepResult, VerifyResult
 
     accepted = [int(t) for t in sampled[:-1]]
     tree = DraftTree(tokens=accepted, parents=list(range(-1, len(accepted) - 1)), sources=["vllm"] * len(accepted))
@@ -176,8 +180,6 @@ class PLDProposer(SpecgraftProposer):
 
     def __init__(self, vllm_config: Any, *, check_vllm: bool = True, config: Any = None, cost: ChainCost | None = None):
         super().__init__(vllm_config, check_vllm=check_vllm, cost=cost)
-        from specgraft.drafters.pld import PLDDrafter
-
         self.drafter = PLDDrafter(config if config is not None else self.default_config(self.cost))
         logger.info(
             "specgraft PLD proposer: %s, %s, num_speculative_tokens=%d", self.drafter.config, self.cost, self.num_speculative_tokens
@@ -188,16 +190,11 @@ class PLDProposer(SpecgraftProposer):
         """The PLD configuration the proposer uses under ``cost``: a node can pay for its verify
         token only when its estimated acceptance exceeds the cheapest one more token adds
         (``min_prob``); :meth:`ChainCost.choose` then prices whole chains."""
-        from specgraft.drafters.pld import PLDConfig
-
         if cost.cheapest_token > 0:
             overrides.setdefault("min_prob", cost.cheapest_token)
         return PLDConfig(**overrides)
 
     def begin(self, tokens: np.ndarray) -> Any:
-        from specgraft.config import GenerationConfig
-        from specgraft.types import PrefillOutput
-
         return self.drafter.begin(tokens, PrefillOutput(), GenerationConfig())
 
     def draft(self, state: Any, tokens: np.ndarray, k: int) -> list[int]:
@@ -224,9 +221,6 @@ class ReaderProposer(SpecgraftProposer):
         self, vllm_config: Any, *, check_vllm: bool = True, datastores: Sequence[str] | None = None, tokenizer: Any = None,
     ):
         super().__init__(vllm_config, check_vllm=check_vllm)
-        from specgraft.drafters.reader_retrieval import ReaderConfig, ReaderRetrieval
-        from specgraft.retrieval import load_datastores
-
         paths = list(datastores) if datastores is not None else datastore_paths()
         loaded = []
         if paths:
@@ -241,9 +235,6 @@ class ReaderProposer(SpecgraftProposer):
         )
 
     def begin(self, tokens: np.ndarray) -> Any:
-        from specgraft.config import GenerationConfig
-        from specgraft.types import PrefillOutput
-
         return self.drafter.begin(tokens.tolist(), PrefillOutput(), GenerationConfig())
 
     def draft(self, state: Any, tokens: np.ndarray, k: int) -> list[int]:
@@ -261,16 +252,11 @@ class AdaPLDProposer(SpecgraftProposer):
 
     def __init__(self, vllm_config: Any, *, check_vllm: bool = True, cost: ChainCost | None = None):
         super().__init__(vllm_config, check_vllm=check_vllm, cost=cost)
-        from specgraft.drafters.adapld import AdaPLDConfig, AdaPLDDrafter
-
         config = AdaPLDConfig(fallback=False, rerank=False, branches=False, successors=False)
         self.drafter = AdaPLDDrafter(None, layer=1, config=config)
         logger.info("specgraft AdaPLD (lexical) proposer: %s", config)
 
     def begin(self, tokens: np.ndarray) -> Any:
-        from specgraft.config import GenerationConfig
-        from specgraft.types import PrefillOutput
-
         return self.drafter.begin(tokens, PrefillOutput(), GenerationConfig())
 
     def draft(self, state: Any, tokens: np.ndarray, k: int) -> list[int]:

@@ -131,9 +131,10 @@ def test_resume_of_a_run_recorded_before_draft_quant(tmp_path):
     from specgraft.bench import BenchConfig
     from specgraft.bench.config import RUN_FILE
     from specgraft.bench.session import check_resume as _check_resume
+    from specgraft.methods.settings import MethodSettings
 
     def old_run(**kw):
-        cfg = BenchConfig(model="m", out=str(tmp_path), methods="pld", **kw)
+        cfg = BenchConfig.from_dict(dict(model="m", out=str(tmp_path), methods="pld", **kw))
         config = {k: v for k, v in cfg.comparable().items() if k != "resolved_draft_quant"}
         (tmp_path / RUN_FILE).write_text(json.dumps({"config": config}))
         return cfg
@@ -141,8 +142,8 @@ def test_resume_of_a_run_recorded_before_draft_quant(tmp_path):
     _check_resume(tmp_path, old_run())
     old_run(draft_model="d")
     with pytest.raises(ValueError, match="resolved_draft_quant: 'none' before, 'int8' now"):
-        _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", draft_model="d", draft_quant="int8"))
-    _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", draft_model="d", draft_quant="none"))
+        _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", settings=MethodSettings(draft_model="d", draft_quant="int8")))
+    _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", settings=MethodSettings(draft_model="d", draft_quant="none")))
     if int8_available():  # auto is int8 on CPU since then: an old fp32-draft run is not resumed by it
         with pytest.raises(ValueError, match="'none' before, 'int8' now"):
-            _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", draft_model="d"))
+            _check_resume(tmp_path, BenchConfig(model="m", out=str(tmp_path), methods="pld", settings=MethodSettings(draft_model="d")))
