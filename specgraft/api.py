@@ -116,8 +116,9 @@ class SpecDecoder:
             load_method_datastores(options.datastores, self.target.vocab_size, tokenizer)
         if options.cost_table == "auto":
             options = dataclasses.replace(options, cost_table=resolve_cost_table("auto", self.target.name, self.target.cost_device, self.target.threads))
-        if self.target.dear_rows and options.row_cost is None and options.cost_table:
-            options = dataclasses.replace(options, row_cost=CostTable.load(options.cost_table).row_cost(1))
+        if self.target.dear_rows and options.row_cost is None and options.step_costs is None and options.cost_table:
+            # the measured curve, not a line: llama.cpp's 4 rows cost what 2 do, 2 rows 1.4 of one
+            options = dataclasses.replace(options, step_costs=CostTable.load(options.cost_table).step_costs(1))
         self.options = options
         self.small_input_rows: int | None = None  # None: the model's linears were left as they were
         if options.cost_table and self.target.device.type == "cpu" and model is not None:

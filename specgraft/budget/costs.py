@@ -77,6 +77,18 @@ class CostTable:
         slope, intercept = np.polyfit(xs, ys, 1)
         return round(max(0.0, float(slope)) / float(intercept + slope), 6)
 
+    def step_costs(self, batch: int = 1, max_rows: int = 32) -> tuple[float, ...]:
+        """What verifying 1, 2, ..., ``max_rows`` rows per sequence costs, in one-row forwards of
+        ``batch`` sequences: the measured points themselves (interpolated between measured row
+        counts), for a backend whose costs are far from :meth:`row_cost`'s line
+        (:func:`specgraft.tree.paths.cost_aware_subset`'s ``step_costs``).
+
+        >>> CostTable("m", "llamacpp", {1: {1: 0.1, 2: 0.138, 4: 0.142}}).step_costs(max_rows=4)
+        (1.0, 1.38, 1.4, 1.42)
+        """
+        one = self.cost(batch, 1)
+        return tuple(round(self.cost(batch, n) / one, 4) for n in range(1, max_rows + 1))
+
     def to_json(self) -> dict:
         return {
             "model": self.model, "device": self.device, "context": self.context, "threads": self.threads, "dtype": self.dtype,

@@ -44,7 +44,7 @@ import numpy as np
 
 from specgraft.config import GenerationConfig
 from specgraft.drafters.base import Learning, StatelessDrafter
-from specgraft.tree.paths import best_first, cost_aware_subset
+from specgraft.tree.paths import best_first, check_step_costs, cost_aware_subset
 from specgraft.types import Draft, PrefillOutput, StepResult, reindex
 
 
@@ -67,6 +67,10 @@ class PLDConfig:
     when set, the best-first nodes that pass ``min_prob`` are cut where expected tokens per
     unit of cost peaks (:func:`~specgraft.tree.paths.cost_aware_subset`). None: ``min_prob`` and
     ``budget`` alone."""
+    step_costs: tuple[float, ...] | None = None
+    """Measured cost of verifying 1, 2, 3, ... rows in one-row forwards (``CostTable.step_costs``);
+    when set, the cut weighs each prefix of the best-first nodes by it instead of by
+    ``row_cost``'s line (llama.cpp's quantized kernels, whose costs are far from a line)."""
     prior_first: tuple[float, ...] = (0.25, 0.3, 0.8)
     """Prior ``q(n, 1)`` for n = 1, 2, 3, ... (the last entry serves longer n-grams)."""
     prior_later: tuple[float, ...] = (0.3, 0.6, 0.88)
@@ -85,6 +89,7 @@ class PLDConfig:
             raise ValueError(f"min_prob must lie in [0, 1), got {self.min_prob}")
         if self.row_cost is not None and not self.row_cost >= 0.0:
             raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
+        check_step_costs(self.step_costs)
         if not self.prior_first or len(self.prior_first) != len(self.prior_later):
             raise ValueError("prior_first and prior_later need the same, non-zero length")
         if any(not 0.0 < q <= 1.0 for q in (*self.prior_first, *self.prior_later)):
@@ -173,15 +178,21 @@ class PLDState:
         return self.context
 
 
-def prune(parents: Sequence[int], probs: Sequence[float], keep: list[int], budget: int, row_cost: float | None) -> list[int]:
+def prune(
+    parents: Sequence[int], probs: Sequence[float], keep: list[int], budget: int, row_cost: float | None,
+    step_costs: Sequence[float] | None = None,
+) -> list[int]:
     """The nodes of ``keep`` (closed under parents, ascending) to propose: the best ``budget`` by
-    estimated acceptance ``probs``, cut further by the row cost when one is given.
+    estimated acceptance ``probs``, cut further by the row cost, or by the measured
+    ``step_costs``, when one is given.
 
     >>> prune([-1, 0, 1], [0.9, 0.45, 0.1], [0, 1, 2], 8, None), prune([-1, 0, 1], [0.9, 0.45, 0.1], [0, 1, 2], 8, 0.1)
     ([0, 1, 2], [0, 1])
+    >>> prune([-1], [0.3], [0], 8, None, (1.0, 1.38, 1.6, 1.42))
+    []
     """
-    if row_cost is not None:
-        sub = cost_aware_subset(reindex(parents, keep), [probs[i] for i in keep], budget, row_cost)
+    if row_cost is not None or step_costs is not None:
+        sub = cost_aware_subset(reindex(parents, keep), [probs[i] for i in keep], budget, row_cost or 0.0, step_costs)
         return [keep[i] for i in sub]
     if len(keep) > budget:
         keep = [keep[i] for i in best_first(reindex(parents, keep), [probs[i] for i in keep], budget)]
@@ -276,7 +287,7 @@ class PLDDrafter(StatelessDrafter):
             probs.append(base * support[i] / continuing[p] * state.rates.rate(longest[i], depth[i]))
         # a child never beats its parent (p only shrinks), so dropping p < min_prob keeps a tree
         keep = [i for i in range(len(tokens)) if probs[i] >= cfg.min_prob]
-        keep = prune(parents, probs, keep, budget, cfg.row_cost)
+        keep = prune(parents, probs, keep, budget, cfg.row_cost, cfg.step_costs)
         draft = Draft(source=self.name, tokens=tokens, parents=parents, scores=probs).subset(keep)
         # every proposed node, kept or not: observe learns the copy rates from all of them
         shares = [support[i] / continuing[p] for i, p in enumerate(parents)]

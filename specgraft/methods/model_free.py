@@ -27,6 +27,7 @@ def build_pld(target: TargetModel, opts: MethodOptions, draft_model: Any = None)
     from specgraft.drafters.pld import PLDDrafter
 
     config = opts.pld if opts.row_cost is None else replace(opts.pld, row_cost=opts.row_cost)
+    config = config if opts.step_costs is None else replace(config, step_costs=opts.step_costs)
     return [PLDDrafter(config, Learning(opts.learning))], MergeComposer()
 
 
@@ -69,4 +70,6 @@ def build_adapld(variant: str, target: TargetModel, opts: MethodOptions, draft_m
     config = replace(opts.adapld, **ADAPLD_METHODS[variant][1])
     if opts.row_cost is not None and config.min_prob > 0:  # adapld-full verifies the whole tree
         config = replace(config, row_cost=opts.row_cost)
+    if opts.step_costs is not None and config.min_prob > 0:
+        config = replace(config, step_costs=opts.step_costs)
     return [adapld.build_adapld(target, config, Learning(opts.learning))], MergeComposer()

@@ -91,6 +91,11 @@ class MethodOptions:
     (``CostTable.row_cost``, ``--row-cost``): when set, ``pld`` and the AdaPLD methods cut their
     best-first trees where expected tokens per unit of cost peaks instead of at ``min_prob``
     alone (``tree.paths.cost_aware_subset``); it overrides ``pld.row_cost`` and ``adapld.row_cost``."""
+    step_costs: tuple[float, ...] | None = None
+    """Measured cost of verifying 1, 2, 3, ... rows in one-row forwards (``CostTable.step_costs``):
+    when set, ``pld``'s and the AdaPLD methods' cut weighs the trees by it instead of by
+    ``row_cost``'s line; it overrides ``pld.step_costs`` and ``adapld.step_costs``. The llama.cpp
+    backend sets it from its cost table by default (``TargetModel.dear_rows``)."""
     cost_table: str | None = "auto"
     """Cost table (``specgraft profile``) that default budgets are derived from
     (``budget/defaults.py``): a path; ``"auto"``, resolved by :class:`~specgraft.api.SpecDecoder`
@@ -109,5 +114,9 @@ class MethodOptions:
             raise ValueError(f"recycling state {self.recycling_state!r} does not exist")
         if self.row_cost is not None and not self.row_cost >= 0.0:
             raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
+        if self.step_costs is not None:
+            object.__setattr__(self, "step_costs", tuple(float(c) for c in self.step_costs))
+            if len(self.step_costs) < 2 or any(not c > 0.0 for c in self.step_costs):
+                raise ValueError(f"step_costs needs two or more positive costs (1 row, 2 rows, ...), got {list(self.step_costs)}")
         if self.learning not in LEARNING:
             raise ValueError(f"learning must be one of {', '.join(LEARNING)}, got {self.learning!r}")

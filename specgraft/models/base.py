@@ -32,8 +32,9 @@ class TargetModel(Protocol):
     """CPU threads its forwards run on."""
     dear_rows: bool
     """Whether each verified row past the first costs so much of a step (llama.cpp's quantized
-    kernels: 4 rows 1.4x one, 16 rows 3.1x on a 2-core CPU) that prompt lookup should cut its
-    trees by the cost table's measured row cost by default (``MethodOptions.row_cost``)."""
+    kernels: 2 rows 1.4x one, 16 rows 3.1x on a 2-core CPU) that prompt lookup should cut its
+    trees by the cost table's measured cost of each row count by default
+    (``MethodOptions.step_costs``)."""
 
     def allocate(self) -> int:
         """A new, empty slot for one sequence."""

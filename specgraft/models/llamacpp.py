@@ -160,8 +160,8 @@ class LlamaCppTarget:
     #: cost tables of this backend are its own (``budget.costs.table_name``)
     cost_device: ClassVar[str] = "llamacpp"
     #: each extra verified row is 4-bit GEMM work on top of a memory-bound one-row step (the
-    #: 1.5B Q4_K_M on a 2-core AVX-512 CPU: 4 rows 1.42x one, 16 rows 3.1x): prompt lookup cuts
-    #: its trees by the measured row cost (``TargetModel.dear_rows``)
+    #: 1.5B Q4_K_M on a 2-core AVX-512 CPU: 2 rows 1.38x one, 4 rows 1.42x, 16 rows 3.1x): prompt
+    #: lookup cuts its trees by the measured cost of each row count (``TargetModel.dear_rows``)
     dear_rows: ClassVar[bool] = True
 
     def __init__(

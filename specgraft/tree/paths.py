@@ -66,7 +66,9 @@ def best_first_order(parents: Sequence[int], scores: Sequence[float], n: int) ->
     return kept
 
 
-def cost_aware_subset(parents: Sequence[int], probs: Sequence[float], n: int, row_cost: float) -> list[int]:
+def cost_aware_subset(
+    parents: Sequence[int], probs: Sequence[float], n: int, row_cost: float, step_costs: Sequence[float] | None = None
+) -> list[int]:
     """The best-first prefix of at most ``n`` nodes that maximises expected tokens per unit of cost.
 
     ``probs`` are estimated acceptance probabilities (a child's never above its parent's), so
@@ -87,14 +89,44 @@ def cost_aware_subset(parents: Sequence[int], probs: Sequence[float], n: int, ro
     [0, 1]
     >>> cost_aware_subset([-1, 0, 1], [0.9, 0.45, 0.1], 8, 0.0)
     [0, 1, 2]
+
+    ``step_costs`` replaces the line by measured costs where they are not one
+    (:meth:`specgraft.budget.costs.CostTable.step_costs`): ``step_costs[r - 1]`` is what a
+    forward of ``r`` rows costs, in one-row forwards (extended along its last two entries). On
+    llama.cpp's quantized CPU kernels (2 rows 1.38, 4 rows 1.42, 3 rows 1.60) one uncertain node
+    does not pay where the line says it does, and three nodes cost what one does:
+
+    >>> curve = (1.0, 1.38, 1.60, 1.42, 1.88)
+    >>> cost_aware_subset([-1], [0.3], 8, 0.12), cost_aware_subset([-1], [0.3], 8, 0.12, curve)
+    ([0], [])
+    >>> cost_aware_subset([-1, 0, 1], [0.5, 0.3, 0.2], 8, 0.12, curve)
+    [0, 1, 2]
     """
     if not row_cost >= 0.0:
         raise ValueError(f"row_cost must be >= 0, got {row_cost}")
+    check_step_costs(step_costs)
     order = best_first_order(parents, probs, n)
     best_k, best, tokens = 0, 1.0, 1.0
     for k, i in enumerate(order, start=1):
         tokens += probs[i]
-        value = tokens / (1.0 + row_cost * k)
+        value = tokens / (1.0 + row_cost * k if step_costs is None else _rows_cost(step_costs, k + 1))
         if value > best:
             best_k, best = k, value
     return sorted(order[:best_k])
+
+
+def check_step_costs(step_costs: Sequence[float] | None) -> None:
+    """``ValueError`` unless ``step_costs`` is None or two or more positive costs."""
+    if step_costs is not None and (len(step_costs) < 2 or any(not c > 0.0 for c in step_costs)):
+        raise ValueError(f"step_costs needs two or more positive costs (1 row, 2 rows, ...), got {list(step_costs)}")
+
+
+def _rows_cost(step_costs: Sequence[float], rows: int) -> float:
+    """``step_costs[rows - 1]`` relative to ``step_costs[0]``, extended along its last two entries.
+
+    >>> _rows_cost((2.0, 3.0), 1), _rows_cost((2.0, 3.0), 4)
+    (1.0, 2.5)
+    """
+    last = len(step_costs)
+    cost = step_costs[rows - 1] if rows <= last else step_costs[-1] + (step_costs[-1] - step_costs[-2]) * (rows - last)
+    return cost / step_costs[0]

@@ -439,9 +439,9 @@ def test_server_on_llamacpp(gguf_dirs):
             assert list(pool.map(complete, prompts)) == expected
 
 
-def test_llamacpp_cuts_prompt_lookup_at_its_row_cost(gguf_dirs, tmp_path, monkeypatch):
+def test_llamacpp_cuts_prompt_lookup_at_its_measured_costs(gguf_dirs, tmp_path, monkeypatch):
     """On llama.cpp extra rows are dear: with a cost table for the model, ``pld`` cuts its trees
-    at the table's row cost unless one is given."""
+    by the table's cost of each row count unless a row cost is given."""
     from specgraft import SpecDecoder
     from specgraft.budget.costs import CostTable
     from specgraft.budget.costs import table_name
@@ -451,6 +451,7 @@ def test_llamacpp_cuts_prompt_lookup_at_its_row_cost(gguf_dirs, tmp_path, monkey
     table = CostTable(name, "llamacpp", {1: {1: 0.10, 4: 0.14, 8: 0.26, 16: 0.31}}, threads=1)
     table.save(tmp_path / "costs" / table_name(name, "llamacpp", 1))
     dec = SpecDecoder.from_pretrained(name, method="pld", threads=1, progress=False)
-    assert dec.options.row_cost == table.row_cost(1) > 0.1
+    assert dec.options.row_cost is None and dec.options.step_costs == table.step_costs(1)
+    assert dec.engine.drafters[0].config.step_costs == table.step_costs(1)
     given = SpecDecoder.from_pretrained(name, method="pld", threads=1, progress=False, options=MethodOptions(row_cost=0.02))
-    assert given.options.row_cost == 0.02
+    assert given.options.row_cost == 0.02 and given.options.step_costs is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specgraft.tree.paths import check_step_costs
+
 
 
 #: Reranking layer per model signature ``(model_type, num_layers, hidden_size)``, from the
@@ -49,6 +51,8 @@ class AdaPLDConfig:
     row_cost: float | None = None
     """Cost of a verified row relative to a one-row step: cut the tree where expected tokens
     per cost peaks, as ``PLDConfig.row_cost``; None = ``min_prob`` and the budget alone."""
+    step_costs: tuple[float, ...] | None = None
+    """Measured cost of verifying 1, 2, ... rows, replacing ``row_cost``'s line (``PLDConfig.step_costs``)."""
     lazy: bool = True
     """Look up a successor only when it can pass ``min_prob`` (else only if its branch turns out
     right, in ``observe``, to learn from it); False builds every successor and cuts after (the
@@ -91,6 +95,7 @@ class AdaPLDConfig:
             raise ValueError(f"min_prob must lie in [0, 1), got {self.min_prob}")
         if self.row_cost is not None and not self.row_cost >= 0.0:
             raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
+        check_step_costs(self.step_costs)
         if self.layer is not None and self.layer < 1:
             raise ValueError(f"layer must be >= 1 (a decoder layer's output), got {self.layer}")
         if self.anchor_logits not in ("draft", "exact"):

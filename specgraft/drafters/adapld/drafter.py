@@ -279,7 +279,7 @@ class AdaPLDDrafter(StatelessDrafter):
                     keys.append((1, 2, 1.0))
                     probs.append(p_b * s)
         # a child never beats its parent (rates <= 1), so dropping p < min_prob keeps a tree
-        keep = prune(parents, probs, [i for i in range(len(tokens)) if probs[i] >= cfg.min_prob], budget, cfg.row_cost)
+        keep = prune(parents, probs, [i for i in range(len(tokens)) if probs[i] >= cfg.min_prob], budget, cfg.row_cost, cfg.step_costs)
         state.last = Proposal(tokens, parents, kinds, keys, deferred, a, t)
         return Draft(source=self.name, tokens=tokens, parents=parents, scores=probs).subset(keep)
 

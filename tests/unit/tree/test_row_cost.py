@@ -1,5 +1,6 @@
-"""Cost-aware pruning (``tree.paths.cost_aware_subset``, ``PLDConfig.row_cost``,
-``MethodOptions.row_cost``, ``CostTable.row_cost``, ``--row-cost``): the rule against a
+"""Cost-aware pruning (``tree.paths.cost_aware_subset``, ``PLDConfig.row_cost`` and
+``step_costs``, ``MethodOptions.row_cost`` and ``step_costs``, ``CostTable.row_cost`` and
+``step_costs``, ``--row-cost``): the rule, with a line or a measured curve, against a
 brute-force twin over every parent-closed subset, its effect on real drafts, and greedy
 losslessness of ``pld`` and ``adapld`` under it."""
 
@@ -33,18 +34,20 @@ def random_tree(rng: random.Random, n: int) -> tuple[list[int], list[float]]:
     return parents, probs
 
 
-def value(nodes, probs, row_cost) -> float:
-    return (1.0 + sum(probs[i] for i in nodes)) / (1.0 + row_cost * len(nodes))
+def value(nodes, probs, row_cost, curve=None) -> float:
+    """Expected tokens per unit of cost of verifying ``nodes``: a line, or ``curve[rows - 1]``."""
+    cost = 1.0 + row_cost * len(nodes) if curve is None else curve[len(nodes)] / curve[0]
+    return (1.0 + sum(probs[i] for i in nodes)) / cost
 
 
-def brute_force_best(parents, probs, budget, row_cost) -> float:
+def brute_force_best(parents, probs, budget, row_cost, curve=None) -> float:
     """The best tokens-per-cost over every parent-closed subset of at most ``budget`` nodes."""
     best = 1.0
     for k in range(1, budget + 1):
         for nodes in itertools.combinations(range(len(parents)), k):
             chosen = set(nodes)
             if all(parents[i] < 0 or parents[i] in chosen for i in nodes):
-                best = max(best, value(nodes, probs, row_cost))
+                best = max(best, value(nodes, probs, row_cost, curve))
     return best
 
 
@@ -57,6 +60,37 @@ def test_best_first_prefix_is_the_best_closed_subset(seed):
     kept = cost_aware_subset(parents, probs, budget, row_cost)
     assert len(kept) <= budget and all(parents[i] < 0 or parents[i] in kept for i in kept)
     assert value(kept, probs, row_cost) == pytest.approx(brute_force_best(parents, probs, budget, row_cost))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_best_first_prefix_is_the_best_closed_subset_for_any_cost_curve(seed):
+    """Measured costs need not be a line, nor even grow (llama.cpp: 4 rows cheaper than 3): the
+    best closed subset of each size is still a best-first prefix, so the cut stays exact."""
+    rng = random.Random(1000 + seed)
+    parents, probs = random_tree(rng, rng.randint(1, 9))
+    budget = rng.randint(1, len(parents))
+    curve = [1.0]
+    for _ in range(len(parents)):
+        curve.append(round(max(1.0, curve[-1] + rng.uniform(-0.3, 0.6)), 3))
+    kept = cost_aware_subset(parents, probs, budget, 0.0, curve)
+    assert len(kept) <= budget and all(parents[i] < 0 or parents[i] in kept for i in kept)
+    assert value(kept, probs, 0.0, curve) == pytest.approx(brute_force_best(parents, probs, budget, 0.0, curve))
+
+
+def test_step_costs_from_a_table_and_their_checks():
+    table = CostTable("m", "llamacpp", {1: {1: 0.10, 2: 0.138, 3: 0.160, 4: 0.142, 8: 0.26}})
+    curve = table.step_costs(1, max_rows=8)
+    assert curve[:4] == (1.0, 1.38, 1.6, 1.42) and curve[5] == pytest.approx(2.01)  # 6 rows: between 4 and 8
+    # one node of p 0.3 does not pay 38% more; three nodes at 42% do
+    assert cost_aware_subset([-1], [0.3], 8, 0.0, curve) == []
+    assert cost_aware_subset([-1, 0, 1], [0.5, 0.3, 0.2], 8, 0.0, curve) == [0, 1, 2]
+    for bad in ([1.0], [1.0, 0.0], [1.0, float("nan")]):
+        with pytest.raises(ValueError, match="step_costs"):
+            cost_aware_subset([-1], [0.5], 8, 0.0, bad)
+        with pytest.raises(ValueError, match="step_costs"):
+            PLDConfig(step_costs=tuple(bad))
+        with pytest.raises(ValueError, match="step_costs"):
+            MethodOptions(step_costs=bad)
 
 
 def test_row_cost_extremes_and_errors():
@@ -105,13 +139,15 @@ def test_cost_table_row_cost_and_resolution(tmp_path, monkeypatch):
     assert low < cost < high and table_name("qwen2.5-coder-1.5b-instruct", "cpu", 2, cpu_kind()) in source
 
 
-@pytest.mark.parametrize("name", ["pld", "adapld"])
-def test_greedy_equals_plain_decoding_with_row_cost(name):
+@pytest.mark.parametrize("name,cut", [("pld", "line"), ("adapld", "line"), ("pld", "curve"), ("adapld", "curve")])
+def test_greedy_equals_plain_decoding_with_row_cost(name, cut):
     """>= 50 prompts (half repetitive): cutting trees by cost changes which rows are verified, never the output."""
     model = TINY_MODELS["llama" if name == "pld" else "qwen2"]()
     target = HFTarget(model)
-    drafters, composer = get_method(name).build(target, MethodOptions(row_cost=0.07))
-    assert drafters[0].config.row_cost == 0.07
+    curve = (1.0, 1.38, 1.6, 1.42, 1.9, 2.1, 2.3, 2.6)
+    options = MethodOptions(row_cost=0.07) if cut == "line" else MethodOptions(step_costs=curve)
+    drafters, composer = get_method(name).build(target, options)
+    assert (drafters[0].config.row_cost, drafters[0].config.step_costs) == ((0.07, None) if cut == "line" else (None, curve))
     engine = SpecEngine(target, drafters, composer, method=name)
     config = GenerationConfig(max_new_tokens=16, budget=16)
     mats = []
