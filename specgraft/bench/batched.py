@@ -11,9 +11,13 @@ the KV caches' bytes), and whether every output equals single-sequence ``ar`` to
 lengths), the peer a user would reach for; its outputs are compared too (padding changes
 numerics, so a divergence there is the peer's, not ours).
 
-Every generation runs ``max_new_tokens`` tokens (EOS is an ordinary token), so every method and
-batch size does the same work. Speed is a ratio against batched ``ar`` at the same ``B`` in
-the same run, in one of two ways:
+By default every generation runs ``max_new_tokens`` tokens (EOS is an ordinary token), so every
+method and batch size does the same work. With ``stop_on_eos`` a request ends at its EOS, as a
+server's would: on suites whose answers are short (``rag-cite``: ~23 tokens) the fixed length
+measures mostly what a model writes after its answer (an invented exchange that repeats itself,
+easy to copy), which flatters retrieval; with EOS every method still does the same work (its
+outputs equal ``ar``'s), requests just end at different times and free their places sooner.
+Speed is a ratio against batched ``ar`` at the same ``B`` in the same run, in one of two ways:
 
 - ``rounds = 1``: one pass per method; with ``bracket`` (the default) ``ar`` runs again after
   the others at each batch size (row ``ar-end``) and the ratios are against the mean of the two
@@ -157,9 +161,13 @@ def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, p
     )
 
 
-def hf_padded(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: int, pad_id: int) -> BatchedRun:
-    """Hugging Face ``generate`` on left-padded batches of ``batch`` prompts (greedy, no EOS stop),
-    with our forwards' SDPA backends (``attention_backends``: no cuDNN attention on a GPU)."""
+def hf_padded(
+    model, prompts: Sequence[list[int]], max_new_tokens: int, batch: int, pad_id: int, eos_ids: Sequence[int] = ()
+) -> BatchedRun:
+    """Hugging Face ``generate`` on left-padded batches of ``batch`` prompts (greedy), with our
+    forwards' SDPA backends (``attention_backends``: no cuDNN attention on a GPU). ``eos_ids``:
+    a sequence stops at the first of them (kept, the padding after it dropped; the batch runs
+    until its last sequence stops); none: every sequence runs ``max_new_tokens``."""
     outs: list[list[int]] = []
     lat: list[float] = []
     t0 = time.perf_counter()
@@ -170,12 +178,22 @@ def hf_padded(model, prompts: Sequence[list[int]], max_new_tokens: int, batch: i
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=model.device)
         with torch.inference_mode(), attention_backends(model.device):
             out = model.generate(
-                ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
-                eos_token_id=None, pad_token_id=pad_id,
+                ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=0 if eos_ids else max_new_tokens,
+                do_sample=False, eos_token_id=list(eos_ids) or None, pad_token_id=pad_id,
             )
-        outs += out[:, width:].tolist()
+        outs += [until_eos(row, eos_ids) for row in out[:, width:].tolist()]
         lat += [time.perf_counter() - t0] * len(group)
     return BatchedRun(outs, lat, time.perf_counter() - t0, [], {})
+
+
+def until_eos(tokens: list[int], eos_ids: Sequence[int]) -> list[int]:
+    """``tokens`` up to and including the first of ``eos_ids`` (all of them without one).
+
+    >>> until_eos([5, 2, 0, 0], [2]), until_eos([5, 6], [2]), until_eos([5, 2], [])
+    ([5, 2], [5, 6], [5, 2])
+    """
+    stop = set(eos_ids)
+    return next((tokens[: i + 1] for i, t in enumerate(tokens) if t in stop), tokens)
 
 
 #: Tokens of each warm-up generation (module docstring).
@@ -202,13 +220,16 @@ def bench_batches(
     bracket: bool = True,
     rounds: int = 1,
     warmup: bool | None = None,
+    stop_on_eos: bool = False,
 ) -> list[BatchRow]:
     """Every method in ``decoders`` (``ar`` first) at every batch size; see the module docstring.
-    ``warmup``: an untimed plain pass per batch size first (None: on a GPU only)."""
+    ``warmup``: an untimed plain pass per batch size first (None: on a GPU only); ``stop_on_eos``:
+    requests end at their EOS (the module docstring)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     ar = decoders["ar"]
-    config = SpecDecoder.make_config(max_new_tokens=max_new_tokens, stop_on_eos=False)
+    config = SpecDecoder.make_config(max_new_tokens=max_new_tokens, stop_on_eos=stop_on_eos)
+    eos = sorted(ar.engine.eos_token_ids) if stop_on_eos else []
     log(f"reference: single-sequence ar on {len(prompts)} prompts")
     reference = [ar.generate(p, config=config).tokens for p in prompts]
     rows: list[BatchRow] = []
@@ -224,7 +245,7 @@ def bench_batches(
 
     def one_pass(name: str, b: int) -> BatchedRun:
         if name == "hf":
-            return hf_padded(ar.model, prompts, max_new_tokens, b, pad)
+            return hf_padded(ar.model, prompts, max_new_tokens, b, pad, eos)
         return run_batched(decoders[name], prompts, decoders[name].resolve(config), b, policies.get(name))
 
     warmup = resolve_warmup(warmup, ar.target.device)
@@ -342,7 +363,10 @@ def write_rows(rows: Sequence[BatchRow], out: str | Path, meta: dict) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
     (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
+    length = f"up to {meta['max_new_tokens']} tokens, ending at EOS" if meta.get("stop_on_eos") else f"{meta['max_new_tokens']} tokens each, EOS ignored"
     lines = [
+        f"{meta.get('prompts', '?')} prompts, {length}.",
+        "",
         "| B | method | tok/s | x ar | passes s | predicted tok/s | decode tok/s at B | budget | probe steps | MAT | p50 latency s | exact | RSS MB | KV MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -85,7 +85,12 @@ def bench_serve(
     methods: str = typer.Option("ar,pld,recycling", "--methods", help="Comma list of methods (ar always runs first)."),
     batch_sizes: str = typer.Option("1,2,4,8", "--batch-sizes", help="Comma list of batch sizes (max requests in flight)."),
     suite: str = typer.Option("spec-bench:1", "--suite", help="Prompt suites as for `specgraft bench` (first turns are used)."),
-    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens per request (EOS does not stop: equal work)."),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", help="Tokens per request (without --stop-on-eos EOS does not stop: equal work)."),
+    stop_on_eos: bool = typer.Option(
+        False, "--stop-on-eos",
+        help="A request ends at its EOS, as a server's does (every method still produces ar's tokens, so the work is equal); "
+        "for suites whose answers are shorter than --max-new-tokens.",
+    ),
     cost_table: Optional[str] = typer.Option(
         None, "--cost-table",
         help="Cost table JSON (default: the measured or shipped one for the model): each batch size's budget, and each method's default budget.",
@@ -161,11 +166,12 @@ def bench_serve(
     warmup = resolve_warmup(warmup, ar.target.device)
     rows = bench_batches(
         decoders, prompts, sizes, max_new_tokens, costs, hf=hf, log=console.print, bracket=bracket, rounds=rounds, warmup=warmup,
+        stop_on_eos=stop_on_eos,
     )
     dtype_name = str(ar.target.dtype).replace("torch.", "")
     meta = {
         "model": model, "draft_model": draft_model, "methods": names, "batch_sizes": sizes, "suite": suite, "prompts": len(prompts),
-        "max_new_tokens": max_new_tokens, "cost_table": str(path) if path else None, "threads": torch.get_num_threads(),
+        "max_new_tokens": max_new_tokens, "stop_on_eos": stop_on_eos, "cost_table": str(path) if path else None, "threads": torch.get_num_threads(),
         "device": str(ar.target.device), "dtype": dtype_name, "draft_quant": draft_quant if draft_model else None,
         "bracket": bracket and rounds == 1, "rounds": rounds, "recycling_state": recycling_state, "warmup": warmup,
         "datastores": list(options.datastores), "reader_shape": reader_shape,

@@ -658,3 +658,24 @@ def test_profile_and_bench_serve_cli(tmp_path, monkeypatch, capsys, tiny_model_d
     assert code != 0 and "vocabulary" in err, "the state is loaded: another vocabulary's is refused"
     code, _, err = run_cli(monkeypatch, capsys, "profile", "--model", tiny_model_dir, "--batch-sizes", "0")
     assert code == 2 and "--batch-sizes must be integers >= 1" in err
+
+
+def test_bench_serve_can_stop_at_eos(tiny_model_dir, tmp_path):
+    """``--stop-on-eos``: a request ends at its EOS (kept), Hugging Face's padded batches are cut
+    there too, and every method's outputs still equal single-sequence ``ar``'s."""
+    from specgraft.api import SpecDecoder
+    from specgraft.bench.batched import bench_batches, write_rows
+
+    ar = SpecDecoder.from_pretrained(tiny_model_dir, method="ar", dtype="float32", progress=False)
+    decoders = {"ar": ar, "pld": ar.with_method("pld")}
+    prompts = [[5, 6, 7, 5, 6], [9, 10, 11, 12], [4, 4, 4]]
+    free = ar.generate(prompts[0], config=SpecDecoder.make_config(max_new_tokens=8, stop_on_eos=False)).tokens
+    eos = free[2]  # the first prompt's third token ends its request
+    for dec in decoders.values():
+        dec.engine.eos_token_ids = frozenset({eos})
+    rows = bench_batches(decoders, prompts, [2], 8, None, log=lambda _: None, bracket=False, stop_on_eos=True)
+    by = {r.method: r for r in rows}
+    assert by["ar"].exact and by["pld"].exact and by["pld"].tokens == by["ar"].tokens < 8 * len(prompts)
+    assert by["hf"].tokens <= 8 * len(prompts) and (not by["hf"].exact or by["hf"].tokens == by["ar"].tokens)
+    report = write_rows(rows, tmp_path / "eos", {"prompts": 3, "max_new_tokens": 8, "stop_on_eos": True}).read_text()
+    assert report.startswith("3 prompts, up to 8 tokens, ending at EOS.")
