@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Sequence
 
 
 SEED_LIMIT = 2**63
 """Seeds are integers in ``[0, SEED_LIMIT)``: what ``torch.Generator.manual_seed`` takes whole."""
+
+
+def check_step_costs(step_costs: Sequence[float] | None) -> None:
+    """``ValueError`` unless ``step_costs`` is None or two or more positive costs."""
+    if step_costs is not None and (len(step_costs) < 2 or any(not c > 0.0 for c in step_costs)):
+        raise ValueError(f"step_costs needs two or more positive costs (1 row, 2 rows, ...), got {list(step_costs)}")
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ import torch
 
 from specgraft.api import SpecDecoder
 from specgraft.budget.adaptive import AdaptiveBudget
+from specgraft.bench.contract import until_eos
 from specgraft.budget.costs import CostTable
 from specgraft.models.device import attention_backends
 from specgraft.types import GenerationStats
@@ -184,16 +185,6 @@ def hf_padded(
         outs += [until_eos(row, eos_ids) for row in out[:, width:].tolist()]
         lat += [time.perf_counter() - t0] * len(group)
     return BatchedRun(outs, lat, time.perf_counter() - t0, [], {})
-
-
-def until_eos(tokens: list[int], eos_ids: Sequence[int]) -> list[int]:
-    """``tokens`` up to and including the first of ``eos_ids`` (all of them without one).
-
-    >>> until_eos([5, 2, 0, 0], [2]), until_eos([5, 6], [2]), until_eos([5, 2], [])
-    ([5, 2], [5, 6], [5, 2])
-    """
-    stop = set(eos_ids)
-    return next((tokens[: i + 1] for i, t in enumerate(tokens) if t in stop), tokens)
 
 
 #: Tokens of each warm-up generation (module docstring).

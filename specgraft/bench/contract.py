@@ -23,6 +23,16 @@ from specgraft.models.base import synchronize
 from specgraft.types import GenerationStats
 
 
+def until_eos(tokens: list[int], eos_ids: Sequence[int]) -> list[int]:
+    """``tokens`` up to and including the first of ``eos_ids`` (all of them without one).
+
+    >>> until_eos([5, 2, 0, 0], [2]), until_eos([5, 6], [2]), until_eos([5, 2], [])
+    ([5, 2], [5, 6], [5, 2])
+    """
+    stop = set(eos_ids)
+    return next((tokens[: i + 1] for i, t in enumerate(tokens) if t in stop), tokens)
+
+
 @dataclass
 class MethodRun:
     """What one generation produced."""

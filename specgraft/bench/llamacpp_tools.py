@@ -63,7 +63,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from specgraft.bench.contract import MethodRun
+from specgraft.bench.contract import MethodRun, until_eos
 from specgraft.bench.llamacpp_peers import LLAMACPP_TOOL_PEERS, PEER_N_CTX, peer_threads
 from specgraft.models.llamacpp import import_llama_cpp
 
@@ -220,11 +220,6 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def _stop(tokens: list[int], eos: set[int], n: int) -> list[int]:
-    end = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
-    return tokens[: min(end, n)]
-
-
 class LlamaToolPeer:
     """One of llama.cpp's programs as a benchmark method (module docstring)."""
 
@@ -308,7 +303,7 @@ class LlamaToolPeer:
         except ValueError as e:
             raise RuntimeError(f"{self.name}: {e} (command: {' '.join(cmd)})") from None
         generated = [int(t) for t in self.tokenizer(out.text, add_special_tokens=False)["input_ids"]]
-        tokens = _stop(generated, set(self.eos_token_ids), n)
+        tokens = until_eos(generated, self.eos_token_ids)[:n]
         difference = first_difference(ids, theirs)
         config = {
             **self.resolved_config(),

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 from transformers import PreTrainedModel
 
-from specgraft.bench.contract import MethodRun
+from specgraft.bench.contract import MethodRun, until_eos
 from specgraft.models.base import synchronize
 from specgraft.models.device import attention_backends
 
@@ -102,9 +102,7 @@ class HFPeer:
             elapsed = time.perf_counter() - t0
         tokens = out[0, inputs.shape[1] :].tolist()
         # batch of one: nothing is padded, but cut defensively after the first EOS
-        eos = set(self.eos_token_ids)
-        end = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
-        return MethodRun(tokens=tokens[:end], time_s=elapsed, stats=None, config=self.resolved_config())
+        return MethodRun(tokens=until_eos(tokens, self.eos_token_ids), time_s=elapsed, stats=None, config=self.resolved_config())
 
     def resolved_config(self) -> dict[str, Any]:
         return {

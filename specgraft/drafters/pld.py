@@ -42,9 +42,9 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
-from specgraft.config import GenerationConfig
+from specgraft.config import GenerationConfig, check_step_costs
 from specgraft.drafters.base import Learning, StatelessDrafter
-from specgraft.tree.paths import best_first, check_step_costs, cost_aware_subset
+from specgraft.tree.paths import best_first, cost_aware_subset
 from specgraft.types import Draft, PrefillOutput, StepResult, reindex
 
 

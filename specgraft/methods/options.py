@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specgraft.config import check_step_costs
 from specgraft.methods.graft import GraftOptions
 
 if TYPE_CHECKING:
@@ -116,7 +117,6 @@ class MethodOptions:
             raise ValueError(f"row_cost must be >= 0, got {self.row_cost}")
         if self.step_costs is not None:
             object.__setattr__(self, "step_costs", tuple(float(c) for c in self.step_costs))
-            if len(self.step_costs) < 2 or any(not c > 0.0 for c in self.step_costs):
-                raise ValueError(f"step_costs needs two or more positive costs (1 row, 2 rows, ...), got {list(self.step_costs)}")
+        check_step_costs(self.step_costs)
         if self.learning not in LEARNING:
             raise ValueError(f"learning must be one of {', '.join(LEARNING)}, got {self.learning!r}")

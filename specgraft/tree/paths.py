@@ -5,6 +5,8 @@ from __future__ import annotations
 import heapq
 from typing import Sequence
 
+from specgraft.config import check_step_costs
+
 
 def token_paths(tokens: Sequence[int], parents: Sequence[int]) -> list[tuple[int, ...]]:
     """The token path from the root to every node.
@@ -113,12 +115,6 @@ def cost_aware_subset(
         if value > best:
             best_k, best = k, value
     return sorted(order[:best_k])
-
-
-def check_step_costs(step_costs: Sequence[float] | None) -> None:
-    """``ValueError`` unless ``step_costs`` is None or two or more positive costs."""
-    if step_costs is not None and (len(step_costs) < 2 or any(not c > 0.0 for c in step_costs)):
-        raise ValueError(f"step_costs needs two or more positive costs (1 row, 2 rows, ...), got {list(step_costs)}")
 
 
 def _rows_cost(step_costs: Sequence[float], rows: int) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specgraft.tree.paths import check_step_costs
+from specgraft.config import check_step_costs
 
 
 
