@@ -49,6 +49,8 @@ class ForwardTiming:
     batch: int
     rows: int
     seconds: float
+    used: int = 0
+    """Rows the sequences fed before padding (``batch x rows - used`` were padding)."""
 
 
 @dataclass
@@ -461,7 +463,7 @@ class SpecEngine:
         )
         t2 = self._now()
         draft_s = max(0.0, t1 - t0 - sum(s for _, s in catch_ups))
-        forward = ForwardTiming(len(live), max(len(r) for r in rows), t2 - t1)
+        forward = ForwardTiming(len(live), max(len(r) for r in rows), t2 - t1, sum(map(len, rows)))
         for (b, seq, n, d), tree, out, own, fill in zip(live, trees, outs, catch_ups, fills, strict=True):
             seq.last_budget = n if d > 0 else 0
             seq.primed = seq.primed or seq.last_budget > 0

@@ -113,6 +113,15 @@ class BatchStepStats:
     decode_by_batch: dict[int, list[float]] = field(default_factory=dict)
     """Batch size -> ``[tokens, seconds]`` of the steps run with that many sequences, admissions
     and draft-model catch-ups left out: the work a budget policy's predicted tokens/s covers."""
+    rows_fed: int = 0
+    """Rows of the steps' target forwards (sequences x rows of the largest tree, padding included)."""
+    rows_used: int = 0
+    """Of those, the rows the sequences' trees (and roots) filled: ``1 - rows_used / rows_fed`` is
+    the share of padding (:attr:`padding_share`)."""
+
+    @property
+    def padding_share(self) -> float:
+        return 1.0 - self.rows_used / self.rows_fed if self.rows_fed else 0.0
 
     @property
     def mean_batch(self) -> float:
@@ -208,6 +217,8 @@ class BatchEngine:
             forwards = {id(s.last_forward): s.last_forward for s in seqs if s.last_forward is not None}
             for f in forwards.values():
                 self.policy.observe_forward(f.batch, f.rows, f.seconds)
+                self.stats.rows_fed += f.batch * f.rows
+                self.stats.rows_used += f.used
             for rid, seq, tokens in zip(ids, seqs, emitted, strict=True):
                 self.stats.tokens += len(tokens)
                 self.policy.observe(len(seqs), seq.last_budget, seq.last_tree_nodes, seq.last_accepted, seq.last_draft_s, key=rid)

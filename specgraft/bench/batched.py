@@ -58,7 +58,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -66,6 +66,7 @@ from specgraft.api import SpecDecoder
 from specgraft.budget.adaptive import AdaptiveBudget
 from specgraft.bench.contract import until_eos
 from specgraft.budget.costs import CostTable
+from specgraft.budget.policy import BudgetPolicy
 from specgraft.models.device import attention_backends
 from specgraft.types import GenerationStats
 
@@ -103,6 +104,9 @@ class BatchRow:
     """Tokens/s of the steps run with exactly ``batch`` sequences in flight, admissions (prefills)
     and catch-ups left out: what ``predicted_tokens_per_s`` predicts (``tokens_per_s`` includes
     every prefill, most of a 32-token request's time)."""
+    padding_share: float = 0.0
+    """Share of the target's rows in the steps that were padding (trees padded to the batch's
+    largest: ``BatchStepStats.padding_share``), over every pass."""
 
 
 def rss_mb() -> float:
@@ -138,6 +142,8 @@ class BatchedRun:
     decode_by_batch: dict[int, list[float]] = field(default_factory=dict)
     """``BatchStepStats.decode_by_batch`` of the run."""
     plain_starts: int = 0
+    rows: tuple[int, int] = (0, 0)
+    """``BatchStepStats.rows_fed`` and ``rows_used`` of the run."""
 
 
 def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, policy) -> BatchedRun:
@@ -158,7 +164,7 @@ def run_batched(decoder, prompts: Sequence[list[int]], config, max_batch: int, p
             stats.append(ev.stats)
     return BatchedRun(
         [results[i] for i in ids], [latency[i] for i in ids], time.perf_counter() - t0, stats, dict(batch.stats.budget_by_batch),
-        batch.stats.probe_steps, dict(batch.stats.decode_by_batch), batch.stats.plain_starts,
+        batch.stats.probe_steps, dict(batch.stats.decode_by_batch), batch.stats.plain_starts, (batch.stats.rows_fed, batch.stats.rows_used),
     )
 
 
@@ -212,10 +218,12 @@ def bench_batches(
     rounds: int = 1,
     warmup: bool | None = None,
     stop_on_eos: bool = False,
+    tuned: Mapping[str, BudgetPolicy] | None = None,
 ) -> list[BatchRow]:
     """Every method in ``decoders`` (``ar`` first) at every batch size; see the module docstring.
     ``warmup``: an untimed plain pass per batch size first (None: on a GPU only); ``stop_on_eos``:
-    requests end at their EOS (the module docstring)."""
+    requests end at their EOS (the module docstring); ``tuned``: a method's policy chosen
+    offline (READER's budgets per batch size from ``specgraft tune``) in place of the adaptive one."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     ar = decoders["ar"]
@@ -226,18 +234,22 @@ def bench_batches(
     rows: list[BatchRow] = []
     # one policy per method for the whole run, as a server keeps one (module docstring), each
     # starting from its method's measured gains where there are some
+    tuned = dict(tuned or {})
     policies = {
-        name: AdaptiveBudget.for_method(costs, name, decoders[name].spec.gains_from) for name in decoders if costs is not None and name != "ar"
+        name: AdaptiveBudget.for_method(costs, name, decoders[name].spec.gains_from)
+        for name in decoders if costs is not None and name != "ar" and name not in tuned
     }
     for name, policy in policies.items():
         log(f"{name}: adaptive budget, prior from {policy.prior}")
+    for name, fixed in tuned.items():
+        log(f"{name}: budgets tuned per batch size, {fixed}")
     names = list(decoders) + (["hf"] if hf else [])
     pad = (ar.engine.eos_token_ids and min(ar.engine.eos_token_ids)) or 0
 
     def one_pass(name: str, b: int) -> BatchedRun:
         if name == "hf":
             return hf_padded(ar.model, prompts, max_new_tokens, b, pad, eos)
-        return run_batched(decoders[name], prompts, decoders[name].resolve(config), b, policies.get(name))
+        return run_batched(decoders[name], prompts, decoders[name].resolve(config), b, tuned.get(name) or policies.get(name))
 
     warmup = resolve_warmup(warmup, ar.target.device)
     for b in batch_sizes:
@@ -260,7 +272,8 @@ def bench_batches(
         first = len(rows)
         for name in names_b:
             dec = ar if name in ("hf", "ar-end") else decoders[name]
-            rows.append(_method_row(name, dec, runs[name], b, policies.get(name), reference, costs))
+            # a tuned policy predicts nothing at run time: its prediction is the tune file's
+            rows.append(_method_row(name, dec, runs[name], b, policies.get(name), reference, None if name in tuned else costs))
         _ratios(rows[first:], log)
     return rows
 
@@ -294,6 +307,8 @@ def _method_row(
     row.commit_share = sum(s.commit_s for s in stats) / wall
     row.probe_steps = sum(run.probe_steps for run in runs)
     row.plain_starts = sum(run.plain_starts for run in runs)
+    fed = sum(run.rows[0] for run in runs)
+    row.padding_share = 1.0 - sum(run.rows[1] for run in runs) / fed if fed else 0.0
     return row
 
 
@@ -342,7 +357,7 @@ def _line(r: BatchRow) -> str:
         pred += f" (decoding at B={r.batch}: {r.decode_tokens_per_s:.2f})"
     return (
         f"B={r.batch} {r.method:<12} {r.tokens_per_s:6.2f} tok/s ({r.ratio_vs_ar or 0:.2f}x ar){pred}, budget {r.budget}, "
-        f"MAT {r.mat:.2f}, p50 latency {r.latency_p50_s:.1f} s, exact {r.exact}, RSS {r.rss_mb:.0f} MB, KV {r.kv_mb:.0f} MB, "
+        f"MAT {r.mat:.2f}, padding rows {100 * r.padding_share:.0f}%, p50 latency {r.latency_p50_s:.1f} s, exact {r.exact}, RSS {r.rss_mb:.0f} MB, KV {r.kv_mb:.0f} MB, "
         f"commit {100 * r.commit_share:.1f}%, probe steps {r.probe_steps}"
         + (f", plain starts {r.plain_starts}" if r.plain_starts else "")
     )
@@ -358,14 +373,14 @@ def write_rows(rows: Sequence[BatchRow], out: str | Path, meta: dict) -> Path:
     lines = [
         f"{meta.get('prompts', '?')} prompts, {length}.",
         "",
-        "| B | method | tok/s | x ar | passes s | predicted tok/s | decode tok/s at B | budget | probe steps | MAT | p50 latency s | exact | RSS MB | KV MB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| B | method | tok/s | x ar | passes s | predicted tok/s | decode tok/s at B | budget | probe steps | MAT | padding rows | p50 latency s | exact | RSS MB | KV MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         pred = f"{r.predicted_tokens_per_s:.2f}" if r.predicted_tokens_per_s else ""
         lines.append(
             f"| {r.batch} | {r.method} | {r.tokens_per_s:.2f} | {r.ratio_vs_ar or 0:.3f} | {', '.join(f'{x:.1f}' for x in r.passes_s)} | {pred} | {f'{r.decode_tokens_per_s:.2f}' if r.decode_tokens_per_s else ''} | {r.budget if r.budget is not None else ''} | {r.probe_steps} | "
-            f"{r.mat:.2f} | {r.latency_p50_s:.1f} | {r.exact} | {r.rss_mb:.0f} | {r.kv_mb:.0f} |"
+            f"{r.mat:.2f} | {100 * r.padding_share:.0f}% | {r.latency_p50_s:.1f} | {r.exact} | {r.rss_mb:.0f} | {r.kv_mb:.0f} |"
         )
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return out / "report.md"

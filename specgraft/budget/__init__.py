@@ -6,7 +6,7 @@
   gains per budget, what a batch's steps realize.
 - :mod:`~specgraft.budget.defaults`: a method's default budget on a device (one sequence).
 - :mod:`~specgraft.budget.policy` and :mod:`~specgraft.budget.adaptive`: the batch engine's budget
-  per step and batch size (fixed, or the throughput-maximising adaptive policy).
+  per step and batch size (fixed, tuned per batch size offline, or the throughput-maximising adaptive policy).
 
 Importing this package imports no torch (the profiler does, when imported itself).
 """
@@ -15,7 +15,7 @@ from specgraft.budget.acceptance import Acceptance, BudgetGains, Realized, budge
 from specgraft.budget.adaptive import AdaptiveBudget
 from specgraft.budget.costs import CostTable, find_cost_table, resolve_cost_table, resolve_row_cost, table_name
 from specgraft.budget.defaults import DerivedBudget, derive_budget
-from specgraft.budget.policy import BudgetPolicy, FixedBudget, StepPlan
+from specgraft.budget.policy import BudgetPolicy, FixedBudget, StepPlan, TunedBudget
 
 __all__ = [
     "Acceptance",
@@ -27,6 +27,7 @@ __all__ = [
     "FixedBudget",
     "Realized",
     "StepPlan",
+    "TunedBudget",
     "budget_gains",
     "derive_budget",
     "find_cost_table",

@@ -115,3 +115,36 @@ class FixedBudget:
         return False
 
 
+
+
+class TunedBudget(FixedBudget):
+    """Each batch size's budget from a table tuned offline (``specgraft tune --batch-size``: the
+    paper's shape per batch size), as a cap on every sequence's own budget; 0 = plain decoding.
+    A batch size the table lacks takes the budget of the largest tuned size below it (the
+    smallest tuned size for one below them all). Nothing is learned online: the adaptive policy
+    (:class:`~specgraft.budget.adaptive.AdaptiveBudget`) is the one that does.
+
+    >>> policy = TunedBudget({1: 12, 4: 3, 8: 0})
+    >>> [policy.plan(b, [16] * b).cap for b in (1, 2, 4, 6, 8, 16)]
+    [12, 12, 3, 3, 0, 0]
+    >>> policy.speculating(8, 16), policy.speculating(2, 16)
+    (False, True)
+    """
+
+    def __init__(self, budgets: dict[int, int]):
+        if not budgets or any(b < 1 or n < 0 for b, n in budgets.items()):
+            raise ValueError(f"a tuned budget table needs batch sizes >= 1 and budgets >= 0, got {budgets}")
+        self.budgets = dict(sorted(budgets.items()))
+
+    def cap(self, batch_size: int) -> int:
+        below = [b for b in self.budgets if b <= batch_size]
+        return self.budgets[below[-1] if below else next(iter(self.budgets))]
+
+    def plan(self, batch_size: int, budgets: Sequence[int], keys: Sequence[str] | None = None) -> StepPlan:
+        return StepPlan(cap=self.cap(batch_size))
+
+    def speculating(self, batch_size: int, budget: int) -> bool:
+        return self.cap(batch_size) > 0 and budget > 0
+
+    def __repr__(self) -> str:
+        return f"TunedBudget({self.budgets})"

@@ -13,17 +13,7 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.options import DATASTORE, READER_SHAPE
-
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{what} must be a comma list of integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"{what} must be integers >= 1, got {text!r}")
-    return values
+from specgraft.cli.options import DATASTORE, READER_SHAPE, int_list
 
 
 def profile(
@@ -52,7 +42,7 @@ def profile(
     from specgraft.models.resolve import load_errors, resolve_model
 
     console = Console(stderr=True)
-    sizes, counts = _ints(batch_sizes, "--batch-sizes"), _ints(rows, "--rows")
+    sizes, counts = int_list(batch_sizes, "--batch-sizes"), int_list(rows, "--rows")
     if reps < 1 or context < 1:
         raise ValueError("--reps and --context must be >= 1")
     set_threads(threads)
@@ -128,11 +118,11 @@ def bench_serve(
     from specgraft.bench.environment import environment
     from specgraft.cli.options import cost_table_value, set_threads, split_paths
     from specgraft.methods import GraftOptions, MethodOptions, get_method
-    from specgraft.methods.reader import reader_config
+    from specgraft.methods.reader import reader_config, tuned_policy
     from specgraft.suites import load_suite
 
     console = Console(stderr=True, highlight=False)
-    sizes = _ints(batch_sizes, "--batch-sizes")
+    sizes = int_list(batch_sizes, "--batch-sizes")
     names = ["ar"] + [m for m in (x.strip() for x in methods.split(",")) if m and m != "ar"]
     for name in names:
         spec = get_method(name)
@@ -148,6 +138,7 @@ def bench_serve(
     )
     for name in names:
         get_method(name).check(options)  # a missing or broken datastore, before the target loads
+    tuned = {name: policy for name in names[1:] if (policy := tuned_policy(name, reader_shape)) is not None}
     ar = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device, options=options)
     decoders = {"ar": ar} | {n: ar.with_method(n) for n in names[1:]}
     path = ar.options.cost_table
@@ -166,7 +157,7 @@ def bench_serve(
     warmup = resolve_warmup(warmup, ar.target.device)
     rows = bench_batches(
         decoders, prompts, sizes, max_new_tokens, costs, hf=hf, log=console.print, bracket=bracket, rounds=rounds, warmup=warmup,
-        stop_on_eos=stop_on_eos,
+        stop_on_eos=stop_on_eos, tuned=tuned,
     )
     dtype_name = str(ar.target.dtype).replace("torch.", "")
     meta = {

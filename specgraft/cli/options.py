@@ -328,6 +328,21 @@ def cost_table_value(value: Optional[str]) -> Optional[str]:
     return resolve(value, "", "", None)
 
 
+def int_list(text: str, what: str) -> list[int]:
+    """A comma list of integers >= 1 (``--batch-sizes 1,4,8``); ``ValueError`` naming ``what`` otherwise.
+
+    >>> int_list("1,4, 8", "--batch-sizes")
+    [1, 4, 8]
+    """
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{what} must be a comma list of integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"{what} must be integers >= 1, got {text!r}")
+    return values
+
+
 def split_paths(values: Optional[list[str]]) -> tuple[str, ...]:
     """``--datastore a --datastore b,c`` -> ``("a", "b", "c")``.
 

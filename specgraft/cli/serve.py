@@ -61,6 +61,7 @@ def serve(
     from specgraft.budget.adaptive import AdaptiveBudget
     from specgraft.budget.costs import CostTable
     from specgraft.methods import default_method, get_method
+    from specgraft.methods.reader import tuned_policy
     from specgraft.serve import ServerConfig, create_app
     from specgraft.serve.run import server
 
@@ -93,10 +94,16 @@ def serve(
     # default budget (budget/defaults.py) and each batch size's budget (AdaptiveBudget)
     cost_table = decoder.options.cost_table
     table = CostTable.load(cost_table) if cost_table else None
-    # the method's measured gains are the policy's prior (the generic one for a method without them)
-    policy = AdaptiveBudget.for_method(table, method, get_method(method).gains_from) if table is not None else None
+    # READER's budgets tuned per batch size (`specgraft tune --batch-size`) decide where given;
+    # else the method's measured gains are the adaptive policy's prior (the generic one for a
+    # method without them)
+    tuned = tuned_policy(method, reader_shape)
+    policy = tuned or (AdaptiveBudget.for_method(table, method, get_method(method).gains_from) if table is not None else None)
     resolved = decoder.resolved_config(SpecDecoder.make_config(budget=budget))
-    adaptive = f"adaptive budget from {cost_table} (prior: {policy.prior})" if policy is not None else "fixed budget"
+    if tuned is not None:
+        adaptive = f"budgets tuned per batch size in {reader_shape} ({tuned.budgets})"
+    else:
+        adaptive = f"adaptive budget from {cost_table} (prior: {policy.prior})" if policy is not None else "fixed budget"
     err.print(
         f"specgraft serve: {config.model_name} ({model}), method {method}, budget {resolved['generation']['budget']}, "
         f"{adaptive}, max_batch {max_batch}, max_queue {max_queue}, "

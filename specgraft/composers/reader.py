@@ -39,6 +39,7 @@ from typing import Sequence
 
 from specgraft.drafters.draft_model import ModelDraft, trim
 from specgraft.drafters.reader_retrieval import ReaderConfig, RetrievalDraft, path_drafts, tree_drafts
+from specgraft.retrieval import SearchTree
 from specgraft.tree.build import merge_drafts
 from specgraft.tree.paths import best_first_order, best_path, token_paths
 from specgraft.types import Draft, DraftTree
@@ -66,6 +67,13 @@ class ReaderParts:
     widen: tuple[int, ...]
     deep_prefix: tuple[int, ...]
     deep: tuple[int, ...]
+    search: SearchTree | None = None
+    """``reader-search``: the retrieved tree."""
+
+    @property
+    def search_paths(self) -> list[tuple[int, ...]]:
+        """Token paths of the retrieved tree's nodes, best first (the order ``search_nodes`` cuts in)."""
+        return [self.search.path(i) for i in range(len(self.search))] if self.search is not None else []
 
 
 class ReaderComposer:
@@ -102,7 +110,7 @@ class ReaderComposer:
             deep = retrieved.search(prefix, cfg.d_deep)
             deep_tokens = deep.tokens
             parts += path_drafts(deep, anchor=prefix)
-        self.last = ReaderParts(draft_paths, tuple(retrieved.path.tokens) if retrieved.path else (), tuple(prefix), deep_tokens)
+        self.last = ReaderParts(draft_paths, tuple(retrieved.path.tokens) if retrieved.path else (), tuple(prefix), deep_tokens, retrieved.tree)
         if not parts:
             return DraftTree.empty()
         return merge_drafts(parts, budget)

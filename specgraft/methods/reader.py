@@ -45,6 +45,10 @@ READER_METHODS: dict[str, tuple[str, dict[str, Any], bool]] = {
 RETRIEVAL_TREE = {"search_nodes": 16, "d_search": 16, "min_match": 2}
 
 
+#: The READER variants ``specgraft tune`` fits: READER's three sizes, or the retrieved tree's.
+TUNABLE = ("reader", "reader-search")
+
+
 def reads_datastores(name: str) -> bool:
     return READER_METHODS[name][2]
 
@@ -64,6 +68,19 @@ def reader_config(path: str | None, model: str, draft_model: str | None, preset:
     from specgraft.methods.reader_shape_file import load_shape
 
     return ReaderConfig(**load_shape(path, {"model": model, "draft_model": draft_model, "preset": preset}))
+
+
+def tuned_policy(name: str, path: str | None):
+    """A :class:`~specgraft.budget.policy.TunedBudget` from the ``by_batch`` budgets of the shape
+    file at ``path`` (``specgraft tune --batch-size``) for READER variant ``name``; None for
+    another method, no file, or a file tuned at one batch size."""
+    if path is None or name not in READER_METHODS:
+        return None
+    from specgraft.budget.policy import TunedBudget
+    from specgraft.methods.reader_shape_file import load_batch_budgets
+
+    budgets = load_batch_budgets(path)
+    return TunedBudget(budgets) if budgets else None
 
 
 def load_method_datastores(paths: tuple[str, ...], vocab_size: int, tokenizer: Any = None) -> list:

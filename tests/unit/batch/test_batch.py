@@ -22,7 +22,7 @@ from specgraft.budget.policy import FixedBudget
 from specgraft.budget.adaptive import GUARD_STEPS
 from specgraft.budget.policy import StepPlan
 from specgraft.config import GenerationConfig, SamplingConfig
-from specgraft.engine import SpecEngine
+from specgraft.engine import PrefillFusion, SpecEngine
 from specgraft.methods import MethodOptions, get_method, method_names
 from specgraft.models.hf import HFTarget
 from specgraft.types import PrefillRequest
@@ -196,10 +196,32 @@ def test_a_mixed_step_split_in_two_forwards_emits_what_the_padded_one_does(metho
     prompts = [p for p, _ in make_prompts(n=6, vocab=model.config.vocab_size)]
     config = GenerationConfig(max_new_tokens=12, budget=8)
     expected = {str(i): build(target, "ar", None).generate_ids(p, config) for i, p in enumerate(prompts)}
+    padding = {}
     for split in (False, True):
         batch = BatchEngine(engine, max_batch=3, policy=EveryOtherCatchesUp(split))
         assert run_schedule(batch, [(p, config) for p in prompts], random.Random(0)) == expected
         assert (batch.stats.split_steps > 0) == split
+        padding[split] = batch.stats.padding_share
+    assert 0 <= padding[True] < padding[False], "plain sequences padded to the drafting ones' trees, unless split apart"
+
+
+def test_a_forward_counts_the_rows_its_sequences_filled():
+    """``ForwardTiming.used``: the rows the trees and roots filled; the rest of batch x rows is padding."""
+    model = TINY_MODELS["llama"]()
+    target = HFTarget(model)
+    engine = build(target, "pld", None).with_fusion(PrefillFusion.OFF)  # prompts prefilled apart: rows are tree rows
+    seqs = [engine.start([5, 6, 7, 8, 5, 6, 7], GenerationConfig(max_new_tokens=8, budget=4)),
+            engine.start([9, 10, 11], GenerationConfig(max_new_tokens=8, budget=4))]
+    engine.step_batch(seqs, [4, 0])
+    forward = seqs[0].last_forward
+    assert forward is seqs[1].last_forward and forward.batch == 2
+    assert seqs[0].last_tree_nodes > 0 and seqs[1].last_tree_nodes == 0, "the repeating prompt's lookup drafts, the other decodes plainly"
+    assert forward.rows == 1 + seqs[0].last_tree_nodes and forward.used == forward.rows + 1
+    batch = BatchEngine(engine, max_batch=2)
+    for p in ([5, 6, 7, 8, 5, 6, 7], [9, 10, 11]):
+        batch.submit(p, GenerationConfig(max_new_tokens=6, budget=4))
+    batch.run_to_completion()
+    assert 0 < batch.stats.rows_used <= batch.stats.rows_fed
 
 
 @pytest.mark.parametrize("method", ["recycling", "draft-tree"])
