@@ -6,7 +6,8 @@
   gains per budget, what a batch's steps realize.
 - :mod:`~specgraft.budget.defaults`: a method's default budget on a device (one sequence).
 - :mod:`~specgraft.budget.policy` and :mod:`~specgraft.budget.adaptive`: the batch engine's budget
-  per step and batch size (fixed, tuned per batch size offline, or the throughput-maximising adaptive policy).
+  per step and batch size (fixed, tuned per batch size offline, or the throughput-maximising
+  adaptive policy).
 
 Importing this package imports no torch (the profiler does, when imported itself).
 """

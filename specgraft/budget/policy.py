@@ -115,8 +115,6 @@ class FixedBudget:
         return False
 
 
-
-
 class TunedBudget(FixedBudget):
     """Each batch size's budget from a table tuned offline (``specgraft tune --batch-size``: the
     paper's shape per batch size), as a cap on every sequence's own budget; 0 = plain decoding.
