@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import nn
 
+    from specgraft.budget.policy import TunedBudget
     from specgraft.composers.reader import ReaderComposer
     from specgraft.drafters.base import Drafter
     from specgraft.drafters.reader_retrieval import ReaderConfig
@@ -70,7 +71,7 @@ def reader_config(path: str | None, model: str, draft_model: str | None, preset:
     return ReaderConfig(**load_shape(path, {"model": model, "draft_model": draft_model, "preset": preset}))
 
 
-def tuned_policy(name: str, path: str | None):
+def tuned_policy(name: str, path: str | None) -> TunedBudget | None:
     """A :class:`~specgraft.budget.policy.TunedBudget` from the ``by_batch`` budgets of the shape
     file at ``path`` (``specgraft tune --batch-size``) for READER variant ``name``; None for
     another method, no file, or a file tuned at one batch size."""
