@@ -160,6 +160,29 @@ def first_per_task(prompts: Sequence[BenchPrompt], n: int | None) -> list[BenchP
     return out
 
 
+def task_tuning_prompts(per_task: int, tasks: Sequence[str] | None = None) -> list[BenchPrompt]:
+    """Spec-Bench items 41 .. 40 + ``per_task`` of each of ``tasks`` (default: every task, in file
+    order): held out of every benchmark suite (``spec-bench:N`` takes the first ``N``), so what is
+    tuned on them is not fitted to the benchmarks. ``ValueError`` for an unknown task."""
+    by_task: dict[str, list[BenchPrompt]] = {}
+    for p in read_prompt_file(DATA_DIR / "spec_bench.jsonl", "spec-bench"):
+        by_task.setdefault(p.task, []).append(p)
+    unknown = [t for t in tasks or () if t not in by_task]
+    if unknown:
+        raise ValueError(f"unknown Spec-Bench task {unknown[0]!r}; choose from {', '.join(by_task)}")
+    return [p for t in tasks or list(by_task) for p in by_task[t][40 : 40 + per_task]]
+
+
+def code_tuning_prompts(code_prompts: int) -> list[BenchPrompt]:
+    """HumanEval items 100 .. 99 + ``code_prompts`` (no benchmark suite uses them)."""
+    return read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + code_prompts]
+
+
+def tuning_prompts(per_task: int, code_prompts: int) -> list[BenchPrompt]:
+    """:func:`task_tuning_prompts` of every task, then :func:`code_tuning_prompts`."""
+    return task_tuning_prompts(per_task) + code_tuning_prompts(code_prompts)
+
+
 def _load_one(name: str, per_task: int | None, alpaca_path: str | None) -> tuple[list[BenchPrompt], list[str], list[str]]:
     notes: list[str] = []
     if name in SUITES:

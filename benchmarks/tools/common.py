@@ -12,24 +12,19 @@ import time
 
 
 def task_tuning_prompts(per_task: int, tasks: list[str] | None = None):
-    """Spec-Bench items 41 .. 40 + ``per_task`` of each of ``tasks`` (default: every task, in
-    file order), which no benchmark suite uses (``spec-bench:N`` takes the first ``N``)."""
-    from specgraft.suites import DATA_DIR, read_prompt_file
+    """``specgraft.suites.task_tuning_prompts``, an unknown task a one-line exit."""
+    from specgraft.suites import task_tuning_prompts as held_out
 
-    by_task: dict[str, list] = {}
-    for p in read_prompt_file(DATA_DIR / "spec_bench.jsonl", "spec-bench"):
-        by_task.setdefault(p.task, []).append(p)
-    unknown = [t for t in tasks or () if t not in by_task]
-    if unknown:
-        raise SystemExit(f"unknown Spec-Bench task {unknown[0]!r}; choose from {', '.join(by_task)}")
-    return [p for t in tasks or list(by_task) for p in by_task[t][40 : 40 + per_task]]
+    try:
+        return held_out(per_task, tasks)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def code_tuning_prompts(code_prompts: int):
-    """HumanEval items 100 .. 99 + ``code_prompts`` (no benchmark suite uses them)."""
-    from specgraft.suites import DATA_DIR, read_prompt_file
+    from specgraft.suites import code_tuning_prompts as held_out
 
-    return read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + code_prompts]
+    return held_out(code_prompts)
 
 
 def tuning_prompts(per_task: int, code_prompts: int):

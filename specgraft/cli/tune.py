@@ -72,7 +72,7 @@ def tune(
     from specgraft.drafters.reader_retrieval import ReaderConfig
     from specgraft.methods import GraftOptions, MethodOptions
     from specgraft.methods.reader import TUNABLE, needs_draft_model, reader_shape
-    from specgraft.suites import DATA_DIR, conversation_ids, read_prompt_file
+    from specgraft.suites import conversation_ids, read_prompt_file, tuning_prompts
 
     console = Console(stderr=True, highlight=False)
     if method not in TUNABLE:
@@ -102,16 +102,7 @@ def tune(
     fixed = {k: v for k, v in keys.items() if v != getattr(defaults, k)}
     options = MethodOptions(graft=graft, reader=shape, datastores=stores)
     decoder = SpecDecoder.from_pretrained(model, method=method, dtype=dtype, device=device, options=options)
-    if prompts_file:
-        prompts = read_prompt_file(prompts_file, "tune")
-    else:
-        prompts = []
-        by_task: dict[str, list] = {}
-        for p in read_prompt_file(DATA_DIR / "spec_bench.jsonl", "spec-bench"):
-            by_task.setdefault(p.task, []).append(p)
-        for items in by_task.values():
-            prompts += items[40 : 40 + per_task]
-        prompts += read_prompt_file(DATA_DIR / "humaneval.jsonl", "humaneval")[100 : 100 + code_prompts]
+    prompts = read_prompt_file(prompts_file, "tune") if prompts_file else tuning_prompts(per_task, code_prompts)
     if not prompts:
         raise ValueError("no tuning prompts")
     engine, composer = decoder.engine, decoder.engine.composer
@@ -144,13 +135,14 @@ def tune(
     steps = len(record.nodes if isinstance(record, SearchRecord) else record.draft)
     console.print(f"recorded {steps} steps in {time.perf_counter() - t0:.0f}s; measuring verify costs at batch sizes {sizes}")
     tuned: dict[int, BatchTuning] = {}
+    ranked: dict[int, list] = {}
     for b in sizes:
         verify_s = measure_verify_s(decoder.target, ids, seed_nodes, batch=b)
         if isinstance(record, SearchRecord):
             choices = search_tree_size(record, verify_s, seed_nodes, seed_search, batch=b)
         else:
             choices = search_shape(record, verify_s, seed, batch=b)
-        tuned[b] = BatchTuning(choices[0], plain_choice(verify_s, b), verify_s)
+        tuned[b], ranked[b] = BatchTuning(choices[0], plain_choice(verify_s, b), verify_s), choices
         for c in choices[:3]:
             size = f"tree {c.search_nodes:2d}" if search else f"draft {c.draft_nodes:2d} widen {c.d_search:2d} deep {c.d_deep:2d}"
             console.print(
@@ -161,8 +153,7 @@ def tune(
     first = tuned[sizes[0]]
     if not search:
         default = reader_shape("reader", MethodOptions(graft=GraftOptions(preset=preset)))  # draft nodes resolved
-        choices = search_shape(record, first.verify_s, seed, batch=sizes[0])  # type: ignore[arg-type]
-        known = next((c for c in choices if (c.draft_nodes, c.d_search, c.d_deep) == (default.draft_nodes, default.d_search, default.d_deep)), None)
+        known = next((c for c in ranked[sizes[0]] if (c.draft_nodes, c.d_search, c.d_deep) == (default.draft_nodes, default.d_search, default.d_deep)), None)
         if known is not None and not fixed:
             console.print(f"default shape ({default.draft_nodes}, {default.d_search}, {default.d_deep}): {known.predicted_tokens_per_s:.2f} tokens/s predicted")
     identity = {"model": model, "draft_model": draft_model, "preset": preset, "device": str(decoder.target.device.type)}
