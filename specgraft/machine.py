@@ -13,7 +13,6 @@ True
 from __future__ import annotations
 
 import functools
-import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -87,3 +86,28 @@ def cpu_kind() -> str | None:
     """``"avx512"`` on a CPU with AVX-512 (``avx512f`` in ``/proc/cpuinfo``), else None: the two
     kinds of x86 CPU whose shipped cost tables differ (wider vectors make extra rows cheaper)."""
     return "avx512" if "avx512f" in cpu_flags() else None
+
+
+@functools.lru_cache(maxsize=1)
+def llamacpp_amx() -> bool:
+    """Whether the installed llama.cpp runs AMX kernels: built with them (its system info says
+    ``AMX_INT8 = 1``, as ``specgraft.models.llamacpp_build`` builds it on a CPU with AMX) and
+    this CPU has AMX. False without llama-cpp-python."""
+    if "amx_int8" not in cpu_flags():
+        return False
+    try:
+        import llama_cpp
+    except ImportError:
+        return False
+    return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace")
+
+
+def cost_kinds(device: str) -> list[str]:
+    """The CPU kinds whose shipped cost tables suit ``device`` (a target's ``cost_device``), best
+    first: an AMX build of llama.cpp costs rows differently from its AVX-512 kernels (8+ rows
+    cheaper, 2-4 dearer), so its ``amx`` tables come before the ``avx512`` ones."""
+    kind = cpu_kind()
+    kinds = [kind] if kind else []
+    if device == "llamacpp" and llamacpp_amx():
+        kinds.insert(0, "amx")
+    return kinds

@@ -158,12 +158,15 @@ def table_name(model: str, device: str, threads: int | None, kind: str | None = 
 
 def find_cost_table(model: str, device: str, threads: int | None = None, kind: str | None = "auto") -> Path | None:
     """The table to use for ``model`` on ``device``: the user's measured one, else a shipped one,
-    for this CPU's kind first (``kind``: ``"auto"`` = :func:`~specgraft.machine.cpu_kind`; None = no kind); one
-    measured at ``threads`` threads first, else one at another thread count (on a CPU the shape
-    of the costs, which is what the budget choice reads, changes little with it)."""
-    kind = (machine.cpu_kind() if kind == "auto" else kind) if on_cpu(device) else None
-    shipped = [(SHIPPED_DIR, kind)] if kind else []
-    places = [(user_cost_dir(), None), *shipped, (SHIPPED_DIR, None)]
+    for this CPU's kind first (``kind``: ``"auto"`` = :func:`~specgraft.machine.cost_kinds`, e.g.
+    ``amx`` then ``avx512`` for an AMX build of llama.cpp; None = no kind); one measured at
+    ``threads`` threads first, else one at another thread count (on a CPU the shape of the
+    costs, which is what the budget choice reads, changes little with it)."""
+    if not on_cpu(device):
+        kinds: list[str] = []
+    else:
+        kinds = machine.cost_kinds(device) if kind == "auto" else [kind] if kind else []
+    places = [(user_cost_dir(), None), *[(SHIPPED_DIR, k) for k in kinds], (SHIPPED_DIR, None)]
     for folder, k in places:
         exact = folder / table_name(model, device, threads, k)
         if exact.is_file():

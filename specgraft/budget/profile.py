@@ -90,6 +90,7 @@ def _machine(target: HFTarget | LlamaCppTarget) -> dict:
     extension) and the kind :func:`find_cost_table` files shipped tables under."""
     if not on_cpu(target.cost_device):
         return {}
-    return {"cpu": machine.cpu_model(), "cpu_id": machine.cpu_id(), "cpu_kind": machine.cpu_kind()}
+    kind = next(iter(machine.cost_kinds(target.cost_device)), None)
+    return {"cpu": machine.cpu_model(), "cpu_id": machine.cpu_id(), "cpu_kind": kind}
 
 

@@ -1,12 +1,23 @@
 """CMake flags that build llama.cpp (inside ``pip install llama-cpp-python``) for this CPU and run.
 
-llama.cpp's default build (``GGML_NATIVE=ON``: ``-march=native``) turned on AMX tiles on an Intel
-Xeon VM whose hypervisor does not let a process use them: the library built, then died with
-*Illegal instruction* at the first forward. So the flags name each instruction-set extension
-the CPU advertises (``/proc/cpuinfo``) with ``GGML_NATIVE=OFF`` and leave AMX off everywhere:
-AVX, AVX2, FMA, F16C and BMI2 on any x86-64 CPU of the last decade; AVX-512 and its VBMI, VNNI
-and BF16 extensions where present (Zen 4/5, Intel server parts); AVX-VNNI where present. On
-anything else (ARM, no ``/proc/cpuinfo``) the flags are empty and llama.cpp's default applies.
+The flags name each instruction-set extension the CPU advertises (``/proc/cpuinfo``) with
+``GGML_NATIVE=OFF``: AVX, AVX2, FMA, F16C and BMI2 on any x86-64 CPU of the last decade; AVX-512
+and its VBMI, VNNI and BF16 extensions where present (Zen 4/5, Intel server parts); AVX-VNNI
+where present; and **AMX** (``amx_tile`` + ``amx_int8`` with AVX-512 VNNI: Intel Xeon since
+Sapphire Rapids). On anything else (ARM, no ``/proc/cpuinfo``) the flags are empty and
+llama.cpp's default applies.
+
+AMX matters twice on the CPUs that have it. llama.cpp's AMX kernels compute a row's quantized
+dot products in integers whatever the batch, so a GGUF's logits for a row are bit-identical in
+batches of 1 to 63 rows (without AMX, Q4_K weights take three kernels by batch size and differ
+by up to ~0.4 in a logit): verifying a tree computes each row as llama.cpp's own one-row plain
+decoding does. And 8 or more rows cost less (16 rows 3.1 one-row steps instead of 3.7 on two
+cores; 2-4 rows cost 10-17% more). ``--no-amx`` prints the flags without it.
+
+AMX builds need one fix with GCC: its ``_tile_loadconfig`` declares an 8-byte operand, so GCC
+drops the stores of ggml's tile shapes and the first AMX forward dies with *Illegal
+instruction* (``llamacpp_amx.h``, force-included into the C++ sources with ``-include``; the
+path must not contain spaces). Clang needs nothing; the flag is harmless there.
 
 Print them, and install::
 
@@ -14,11 +25,18 @@ Print them, and install::
 
 >>> cmake_args({"avx", "avx2", "fma", "f16c", "bmi2"})
 '-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAVA_BUILD=OFF'
+>>> amx = cmake_args({"avx", "avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_int8"})
+>>> "-DGGML_AMX_INT8=ON" in amx and "-DCMAKE_CXX_FLAGS=-include" in amx
+True
+>>> "-DGGML_AMX_INT8=OFF" in cmake_args({"avx", "avx2", "avx512f", "avx512_vnni", "amx_tile", "amx_int8"}, amx=False)
+True
 """
 
 from __future__ import annotations
 
 import platform
+import sys
+from pathlib import Path
 
 from specgraft import machine
 
@@ -36,17 +54,36 @@ FLAG_OPTIONS = (
     ("avx512_bf16", "GGML_AVX512_BF16"),
 )
 
-#: Always: no AMX (see the module docstring), and only the library (llama-cpp-python needs no
-#: tests, examples, tools or the multimodal library: the build takes ~3.5 minutes on 2 cores).
-FIXED = (
-    "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAVA_BUILD=OFF",
-)
+#: The ``/proc/cpuinfo`` flags AMX needs (ggml's AMX kernels also need AVX-512 VNNI).
+AMX_FLAGS = frozenset({"amx_tile", "amx_int8", "avx512f", "avx512_vnni"})
+
+#: AMX off, the switches where the CPU lacks it or ``amx=False``.
+NO_AMX = ("-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF")
+
+#: The GCC fix an AMX build force-includes (module docstring).
+AMX_HEADER = Path(__file__).with_name("llamacpp_amx.h")
+
+#: Always: only the library (llama-cpp-python needs no tests, examples, tools or the multimodal
+#: library: the build takes ~3.5 minutes on 2 cores).
+FIXED = ("-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAVA_BUILD=OFF")
 
 
-def cmake_args(flags: set[str] | frozenset[str] | None = None) -> str:
+def amx_args(flags: set[str] | frozenset[str], amx: bool = True) -> list[str]:
+    """The AMX switches for a CPU with ``flags``: on (with the GCC fix) where it has AMX, else off.
+
+    >>> amx_args({"avx2"})
+    ['-DGGML_AMX_TILE=OFF', '-DGGML_AMX_INT8=OFF', '-DGGML_AMX_BF16=OFF']
+    """
+    if not (amx and AMX_FLAGS <= flags):
+        return list(NO_AMX)
+    bf16 = "ON" if "amx_bf16" in flags else "OFF"
+    return ["-DGGML_AMX_TILE=ON", "-DGGML_AMX_INT8=ON", f"-DGGML_AMX_BF16={bf16}", f"-DCMAKE_CXX_FLAGS=-include{AMX_HEADER}"]
+
+
+def cmake_args(flags: set[str] | frozenset[str] | None = None, amx: bool = True) -> str:
     """``CMAKE_ARGS`` for a CPU with ``/proc/cpuinfo`` ``flags`` (default: this one's); empty off
-    x86-64 Linux, where llama.cpp's own default is right."""
+    x86-64 Linux, where llama.cpp's own default is right. ``amx=False``: AMX off even where the
+    CPU has it."""
     if flags is None:
         if platform.machine().lower() not in ("x86_64", "amd64"):
             return ""
@@ -57,8 +94,8 @@ def cmake_args(flags: set[str] | frozenset[str] | None = None) -> str:
     # AVX-512 sub-extensions only mean something with AVX-512 Foundation
     if "avx512f" not in flags:
         enabled = [e for e in enabled if not e.startswith("-DGGML_AVX512")]
-    return " ".join(["-DGGML_NATIVE=OFF", *enabled, *FIXED])
+    return " ".join(["-DGGML_NATIVE=OFF", *enabled, *amx_args(set(flags), amx), *FIXED])
 
 
 if __name__ == "__main__":
-    print(cmake_args())
+    print(cmake_args(amx="--no-amx" not in sys.argv[1:]))

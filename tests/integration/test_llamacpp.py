@@ -17,6 +17,7 @@ import torch
 
 pytest.importorskip("llama_cpp")
 
+from specgraft import machine  # noqa: E402
 from specgraft.config import GenerationConfig, SamplingConfig  # noqa: E402
 from specgraft.engine import SpecEngine  # noqa: E402
 from specgraft.methods import MethodOptions, get_method  # noqa: E402
@@ -293,13 +294,17 @@ def test_catalog_gguf_row_classes(name):
     (three slots with the same text in one forward). SmolLM2's Q4_1 is invariant from one row
     up. (The Qwen Q4_K_M computes small batches another way for some contexts: after a
     19-token prompt, row 0 of a 1-5 row batch differs from the same row in 8+ rows by 0.25 in a
-    logit on an AVX-512 build; the default mode's near-tie flips come from there.)"""
+    logit on an AVX-512 build; the default mode's near-tie flips come from there.) On a build
+    with AMX kernels every row is bit-identical in every batch of 1 to 63 rows."""
     target = LlamaCppTarget(catalog_gguf(name), threads=2, n_ctx=1024)
-    chain = [int(t) for t in torch.randint(100, 1000, (60,), generator=torch.Generator().manual_seed(0))]
+    chain = [int(t) for t in torch.randint(100, 1000, (63,), generator=torch.Generator().manual_seed(0))]
     prompt = list(range(200, 219))
-    rows = first_rows(target, prompt, chain, [1, 2, 4, 8, 12, 20, 36, 60])
+    rows = first_rows(target, prompt, chain, [1, 2, 3, 4, 5, 8, 12, 20, 36, 60, 63])
     for n in (8, 12, 20, 36):
         assert np.array_equal(rows[n], rows[60][:n]), n
+    if machine.llamacpp_amx():  # AMX kernels: every row the same in every batch of 1 to 63 rows
+        for n in (1, 2, 3, 4, 5, 8, 12, 20, 36, 60):
+            assert np.array_equal(rows[n], rows[63][:n]), n
     if name.startswith("smollm2"):
         assert all(np.array_equal(rows[n][0], rows[60][0]) for n in (1, 2, 4))
     slots = [target.allocate() for _ in range(3)]

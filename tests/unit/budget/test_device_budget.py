@@ -246,6 +246,30 @@ def test_cost_tables_are_found_for_the_cpu_kind(tmp_path, monkeypatch):
     assert machine.cpu_kind() is None and profile.find_cost_table("m", "cpu", 4) == mine
 
 
+def test_an_amx_build_of_llamacpp_reads_its_own_tables_first(tmp_path, monkeypatch):
+    """llama.cpp built with AMX costs rows differently from its AVX-512 kernels: its ``amx``
+    table first, then the ``avx512`` one; torch's tables and a build without AMX ignore ``amx``."""
+    import json
+
+    from specgraft.budget import costs as profile
+    from specgraft import machine
+
+    monkeypatch.setattr(profile, "SHIPPED_DIR", tmp_path)
+    monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(machine, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "amx_int8"}))
+    for name in ("m-llamacpp-avx512-t2.json", "m-llamacpp-amx-t2.json", "m-cpu-avx512-t2.json"):
+        (tmp_path / name).write_text(json.dumps({"model": "m", "device": "llamacpp", "seconds": {"1": {"1": 1.0}}}))
+    monkeypatch.setattr(machine, "llamacpp_amx", lambda: True)
+    assert machine.cost_kinds("llamacpp") == ["amx", "avx512"] and machine.cost_kinds("cpu") == ["avx512"]
+    assert profile.find_cost_table("m", "llamacpp", 2).name == "m-llamacpp-amx-t2.json"
+    assert profile.find_cost_table("m", "cpu", 2).name == "m-cpu-avx512-t2.json"
+    (tmp_path / "m-llamacpp-amx-t2.json").unlink()
+    assert profile.find_cost_table("m", "llamacpp", 2).name == "m-llamacpp-avx512-t2.json", "no amx table: the avx512 one"
+    (tmp_path / "m-llamacpp-amx-t2.json").write_text("{}")
+    monkeypatch.setattr(machine, "llamacpp_amx", lambda: False)
+    assert profile.find_cost_table("m", "llamacpp", 2).name == "m-llamacpp-avx512-t2.json"
+
+
 def test_shipped_cpu_tables_of_both_kinds(tmp_path, monkeypatch):
     """The two shipped CPU tables of the 1.5B: measured on the CPU kind their names say, and the
     AVX-512 one's extra rows cost less (so its budgets are at least the AVX2 one's)."""
