@@ -18,7 +18,8 @@ Both ``Llama`` peers get the token ids our methods get (no re-tokenizing), stop 
 EOS ids and ``max_new_tokens``, read the same GGUF with the same threads (decode and batch),
 512-row batches like :class:`~specgraft.models.llamacpp.LlamaCppTarget`, a context of
 :data:`PEER_N_CTX` cells, and flash attention on: what llama.cpp's ``auto`` resolves to on a CPU,
-as for our backend and llama.cpp's programs (llama-cpp-python's own default is off). Every run
+as for our backend and llama.cpp's programs (llama-cpp-python's own default is off). Their weights go
+in 2 MiB pages after loading, as our target's do (:mod:`specgraft.models.hugepages`). Every run
 starts from an empty cache: ``Llama.generate`` would otherwise reuse the KV rows of a previous
 run's common prefix and skip most of the prefill that every other method pays.
 
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specgraft.bench.contract import MethodRun
+from specgraft.models.hugepages import advise_huge_pages
 from specgraft.models.llamacpp import import_llama_cpp
 
 #: The plain llama.cpp peer: every llama.cpp peer's own plain decoding and exactness reference.
@@ -162,6 +164,9 @@ class LlamaCppPeer:
             # a draft model turns logits_all on inside; the logits buffer is sized by the argument
             logits_all=self.lookup is not None,
         )
+        # the same memory as our backend's target (specgraft.models.hugepages): speed differences
+        # between them are the methods', not the page size's
+        advise_huge_pages()
 
     def run(self, ids: Sequence[int], max_new_tokens: int | None = None) -> MethodRun:
         n = max_new_tokens or self.max_new_tokens

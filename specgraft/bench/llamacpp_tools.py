@@ -32,6 +32,8 @@ from ``ggml_time_us``, as printed on stderr. Not timed: process start, model loa
 llama.cpp's warm-up decode, tokenization, the lookup cache's initial fill and final save, and
 the statistics printing. Our methods' ``time_s`` likewise counts prefill and generation.
 The wall time of the whole process is recorded beside (``tool_timing``).
+The programs run with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (:func:`specgraft.models.hugepages.program_env`):
+their weights in 2 MiB pages, as our target's are.
 
 **Stopping.** ``-n`` stops a program only after a whole draft-and-verify step, and only once it
 has emitted *more* than ``-n`` tokens, so it gets ``max_new_tokens - 1``: the program stops after
@@ -65,6 +67,7 @@ from typing import Any, Sequence
 
 from specgraft.bench.contract import MethodRun, until_eos
 from specgraft.bench.llamacpp_peers import LLAMACPP_TOOL_PEERS, PEER_N_CTX, peer_threads
+from specgraft.models.hugepages import program_env
 from specgraft.models.llamacpp import import_llama_cpp
 
 #: Environment variable naming the folder of llama.cpp's programs (``--llamacpp-tools`` wins).
@@ -291,7 +294,7 @@ class LlamaToolPeer:
             prompt_file.write_bytes(text.encode() + b"\n")  # -f drops one trailing newline
             cmd = self.command(prompt_file, n)
             t0 = time.perf_counter()
-            done = subprocess.run(cmd, capture_output=True)
+            done = subprocess.run(cmd, capture_output=True, env=program_env())  # huge pages, as our target
             wall_s = time.perf_counter() - t0
         stderr = done.stderr.decode("utf-8", errors="replace")
         if done.returncode != 0:
