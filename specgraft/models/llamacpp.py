@@ -27,9 +27,11 @@ the cells of ``b`` and ``a1`` are freed.
 batch has: with the repacked Q4_K weights of the Qwen GGUFs on an AVX-512 build, batches of 1-3
 rows take one path, rows in whole groups of 4 of batches of 8 or more another, the rest of a
 batch a third, and the results differ by up to ~0.3 in a logit (Q4_1 SmolLM2 is invariant).
-A build with AMX kernels (``llamacpp_build`` on a CPU with AMX) computes every row the same in
-batches of 1 to 63 rows. What remains in the default mode is the cache: the cells of rejected
-rows are freed and reused, and attention adds a row's cells in cache order.
+A build with AMX kernels (``llamacpp_build`` on a CPU with AMX) computes the matrix products of
+a row the same in batches of 1 to 63 rows. Attention has its own classes: from 64 query rows a
+tiled kernel, and for one row over 512+ cached cells a kernel that splits the cells among the
+threads. And in the default mode the cells of rejected rows are freed and reused, while
+attention adds a row's cells in cache order.
 The default mode accepts that, as bf16 does in torch: near-tied tokens can flip, and
 ``--compare`` measures agreement with llama.cpp's plain one-row decoding. ``strict=True`` makes
 every forward of every method compute each row the same way, so methods equal this target's own
@@ -70,7 +72,9 @@ LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 #: catalog GGUFs: in batches of 8 to 63 rows, rows in whole groups of 4 are bit-identical
 #: whatever the batch; from 64 query rows on, llama.cpp's CPU flash attention switches to a
 #: tiled kernel that sums a row's cells in tiles (``tests/integration/test_llamacpp.py`` pins it). Longer
-#: strict forwards are split into several decodes of at most 60 rows.
+#: strict forwards are split into several decodes of at most 60 rows. The minimum of 8 also keeps
+#: a plain step off the kernel a one-row batch over 512+ cells takes (cells split among the
+#: threads), so it stays on AMX builds, whose matrix products are invariant from one row.
 STRICT_ROWS = (8, 4, 60)
 
 #: Rows of a prefill chunk whose logits are all read (Token Recycling's top-k of every prompt

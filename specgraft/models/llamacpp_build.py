@@ -8,10 +8,10 @@ Sapphire Rapids). On anything else (ARM, no ``/proc/cpuinfo``) the flags are emp
 llama.cpp's default applies.
 
 AMX matters twice on the CPUs that have it. llama.cpp's AMX kernels compute a row's quantized
-dot products in integers whatever the batch, so a GGUF's logits for a row are bit-identical in
-batches of 1 to 63 rows (without AMX, Q4_K weights take three kernels by batch size and differ
-by up to ~0.4 in a logit): verifying a tree computes each row as llama.cpp's own one-row plain
-decoding does. And 8 or more rows cost less (16 rows 3.1 one-row steps instead of 3.7 on two
+dot products in integers whatever the batch, so a GGUF's matrix products for a row are
+bit-identical in batches of 1 to 63 rows (without AMX, Q4_K weights take three kernels by batch
+size and differ by up to ~0.4 in a logit; attention still treats one-row batches over 512+
+cached cells apart, see ``specgraft.models.llamacpp``). And 8 or more rows cost less (16 rows 3.1 one-row steps instead of 3.7 on two
 cores; 2-4 rows cost 10-17% more). ``--no-amx`` prints the flags without it.
 
 AMX builds need one fix with GCC: its ``_tile_loadconfig`` declares an 8-byte operand, so GCC

@@ -295,7 +295,8 @@ def test_catalog_gguf_row_classes(name):
     up. (The Qwen Q4_K_M computes small batches another way for some contexts: after a
     19-token prompt, row 0 of a 1-5 row batch differs from the same row in 8+ rows by 0.25 in a
     logit on an AVX-512 build; the default mode's near-tie flips come from there.) On a build
-    with AMX kernels every row is bit-identical in every batch of 1 to 63 rows."""
+    with AMX kernels every row is bit-identical in every batch of 1 to 63 rows (after this short
+    prompt: a one-row batch over 512+ cached cells takes another attention kernel)."""
     target = LlamaCppTarget(catalog_gguf(name), threads=2, n_ctx=1024)
     chain = [int(t) for t in torch.randint(100, 1000, (63,), generator=torch.Generator().manual_seed(0))]
     prompt = list(range(200, 219))
