@@ -13,6 +13,7 @@ True
 from __future__ import annotations
 
 import functools
+import os  # noqa: F401 (the doctests use it)
 import platform
 from pathlib import Path
 from typing import Any
