@@ -34,8 +34,8 @@ True
 
 from __future__ import annotations
 
+import argparse
 import platform
-import sys
 from pathlib import Path
 
 from specgraft import machine
@@ -94,8 +94,10 @@ def cmake_args(flags: set[str] | frozenset[str] | None = None, amx: bool = True)
     # AVX-512 sub-extensions only mean something with AVX-512 Foundation
     if "avx512f" not in flags:
         enabled = [e for e in enabled if not e.startswith("-DGGML_AVX512")]
-    return " ".join(["-DGGML_NATIVE=OFF", *enabled, *amx_args(set(flags), amx), *FIXED])
+    return " ".join(["-DGGML_NATIVE=OFF", *enabled, *amx_args(flags, amx), *FIXED])
 
 
 if __name__ == "__main__":
-    print(cmake_args(amx="--no-amx" not in sys.argv[1:]))
+    parser = argparse.ArgumentParser(description="Print the CMAKE_ARGS that build llama.cpp for this CPU.")
+    parser.add_argument("--no-amx", action="store_true", help="leave AMX off even where the CPU has it")
+    print(cmake_args(amx=not parser.parse_args().no_amx))
