@@ -103,12 +103,29 @@ def llamacpp_amx() -> bool:
     return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
+def llamacpp_amx_rows() -> bool:
+    """Whether the installed llama.cpp is an AMX build with specgraft's small-batch kernels
+    (``python -m specgraft.models.llamacpp_build --install`` adds them): its CPU library exports
+    ``specgraft_amx_rows_limit``."""
+    if not llamacpp_amx():
+        return False
+    import ctypes
+
+    import llama_cpp.llama_cpp as api
+
+    try:
+        return hasattr(ctypes.CDLL(str(Path(api._lib._name).with_name("libggml-cpu.so"))), "specgraft_amx_rows_limit")
+    except (OSError, AttributeError):
+        return False
+
+
 def cost_kinds(device: str) -> list[str]:
     """The CPU kinds whose shipped cost tables suit ``device`` (a target's ``cost_device``), best
-    first: an AMX build of llama.cpp costs rows differently from its AVX-512 kernels (8+ rows
-    cheaper, 2-4 dearer), so its ``amx`` tables come before the ``avx512`` ones."""
+    first. An AMX build of llama.cpp costs rows differently from its AVX-512 kernels (8+ rows
+    cheaper, 2-4 dearer), and one with the small-batch kernels differently again (2-15 rows
+    cheaper): ``amx-rows``, then ``amx``, then the ``avx512`` tables."""
     kind = cpu_kind()
     kinds = [kind] if kind else []
     if device == "llamacpp" and llamacpp_amx():
-        kinds.insert(0, "amx")
+        kinds[:0] = ["amx-rows", "amx"] if llamacpp_amx_rows() else ["amx"]
     return kinds

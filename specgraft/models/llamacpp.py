@@ -27,8 +27,8 @@ the cells of ``b`` and ``a1`` are freed.
 batch has: with the repacked Q4_K weights of the Qwen GGUFs on an AVX-512 build, batches of 1-3
 rows take one path, rows in whole groups of 4 of batches of 8 or more another, the rest of a
 batch a third, and the results differ by up to ~0.3 in a logit (Q4_1 SmolLM2 is invariant).
-A build with AMX kernels (``llamacpp_build`` on a CPU with AMX) computes the matrix products of
-a row the same in batches of 1 to 63 rows. Attention has its own classes: from 64 query rows a
+A build with AMX kernels (``llamacpp_build`` on a CPU with AMX, with or without its small-batch
+kernels) computes the matrix products of a row the same in batches of 1 to 63 rows. Attention has its own classes: from 64 query rows a
 tiled kernel, and for one row over 512+ cached cells a kernel that splits the cells among the
 threads. And in the default mode the cells of rejected rows are freed and reused, while
 attention adds a row's cells in cache order.
@@ -45,8 +45,8 @@ So later rows never fill holes between a sequence's cells, and every sequence's 
 position order, one sequence or a batch of them. Strict mode costs a padded forward per plain
 step and cells for every row verified while slots are alive; it is for checking, not for speed.
 
-Install: ``pip install llama-cpp-python==0.3.36`` builds llama.cpp from source; see
-``specgraft.models.llamacpp_build`` for the CMake flags that work on each CPU.
+Install: ``python -m specgraft.models.llamacpp_build --install`` builds llama-cpp-python 0.3.36's
+llama.cpp from source for this CPU (flags, the GCC fix and the small-batch AMX kernels there).
 """
 
 from __future__ import annotations
@@ -63,10 +63,8 @@ import torch
 
 from specgraft.models.backends import gguf_path
 from specgraft.models.hugepages import HugePageReport, advise_huge_pages
+from specgraft.models.llamacpp_build import LLAMA_CPP_PYTHON
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
-
-#: The llama-cpp-python release the backend is built and tested against.
-LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 
 #: Strict mode's batch shape: ``(minimum rows, multiple, maximum rows)``. Measured with the
 #: catalog GGUFs: in batches of 8 to 63 rows, rows in whole groups of 4 are bit-identical
@@ -93,8 +91,8 @@ def import_llama_cpp() -> Any:
         import llama_cpp
     except ImportError as e:
         raise ImportError(
-            f"the llama.cpp backend needs {LLAMA_CPP_PYTHON}: pip install -e \".[llamacpp]\" "
-            "(CMAKE_ARGS as `python -m specgraft.models.llamacpp_build` prints them)"
+            f"the llama.cpp backend needs {LLAMA_CPP_PYTHON}: python -m specgraft.models.llamacpp_build --install "
+            "(builds it for this CPU) and pip install -e \".[llamacpp]\""
         ) from e
     return llama_cpp
 

@@ -1,4 +1,5 @@
-"""CMake flags that build llama.cpp (inside ``pip install llama-cpp-python``) for this CPU and run.
+"""Build llama.cpp (inside llama-cpp-python) for this CPU: its CMake flags, and on CPUs with AMX a
+fix for GCC and small-batch kernels.
 
 The flags name each instruction-set extension the CPU advertises (``/proc/cpuinfo``) with
 ``GGML_NATIVE=OFF``: AVX, AVX2, FMA, F16C and BMI2 on any x86-64 CPU of the last decade; AVX-512
@@ -11,17 +12,29 @@ AMX matters twice on the CPUs that have it. llama.cpp's AMX kernels compute a ro
 dot products in integers whatever the batch, so a GGUF's matrix products for a row are
 bit-identical in batches of 1 to 63 rows (without AMX, Q4_K weights take three kernels by batch
 size and differ by up to ~0.4 in a logit; attention still treats one-row batches over 512+
-cached cells apart, see ``specgraft.models.llamacpp``). And 8 or more rows cost less (16 rows 3.1 one-row steps instead of 3.7 on two
-cores; 2-4 rows cost 10-17% more). ``--no-amx`` prints the flags without it.
+cached cells apart, see ``specgraft.models.llamacpp``). And rows cost less: stock AMX kernels
+make 8 or more rows cheaper (16 rows 3.1 one-row steps instead of 3.7 on two cores) but 2-4
+rows 10-17% dearer, which the small-batch kernels below turn around. ``--no-amx`` leaves AMX off.
 
 AMX builds need one fix with GCC: its ``_tile_loadconfig`` declares an 8-byte operand, so GCC
 drops the stores of ggml's tile shapes and the first AMX forward dies with *Illegal
 instruction* (``llamacpp_amx.h``, force-included into the C++ sources with ``-include``; the
 path must not contain spaces). Clang needs nothing; the flag is harmless there.
 
-Print them, and install::
+AMX builds also get **small-batch kernels** (``llamacpp_amx_rows.inc``): stock ggml computes
+2 or more rows of Q4_K/Q6_K weights on the AMX tiles, which unpack every weight block however few
+rows there are, so a verify pass of a few rows costs ~1.6-1.8 one-row steps on two cores; the
+kernels give 2-15 rows the one-row kernel's arithmetic over one read of the weights (over 512
+cached tokens: 2 rows 1.03 steps, 4 rows 1.44, 8 rows 1.90), each row bit-identical to the row
+alone. They are a source change, so pip cannot
+build them from PyPI's package: ``--install`` downloads llama-cpp-python's source, adds them
+(:func:`patch_source`) and builds it with these flags; ``--patch DIR`` adds them to a llama.cpp
+checkout (to build llama.cpp's own programs the same way). Plain one-row decoding is unchanged.
 
-    CMAKE_ARGS="$(python -m specgraft.models.llamacpp_build)" pip install -e ".[llamacpp]"
+Print the flags, or build and install llama-cpp-python with them::
+
+    python -m specgraft.models.llamacpp_build            # the CMAKE_ARGS for this CPU
+    python -m specgraft.models.llamacpp_build --install  # ~3-4 minutes on two cores
 
 >>> cmake_args({"avx", "avx2", "fma", "f16c", "bmi2"})
 '-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAVA_BUILD=OFF'
@@ -35,7 +48,12 @@ True
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import subprocess
+import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 from specgraft import machine
@@ -62,6 +80,29 @@ NO_AMX = ("-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF")
 
 #: The GCC fix an AMX build force-includes (module docstring).
 AMX_HEADER = Path(__file__).with_name("llamacpp_amx.h")
+
+#: The small-batch kernels :func:`patch_source` adds to an AMX build (module docstring).
+AMX_ROWS = Path(__file__).with_name("llamacpp_amx_rows.inc")
+
+#: The llama-cpp-python release the backend is built and tested against, and ``--install``
+#: builds: the one pyproject's ``llamacpp`` extra pins.
+LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+
+#: Where ggml's AMX matrix products live in a llama.cpp source tree.
+MMQ = Path("ggml/src/ggml-cpu/amx/mmq.cpp")
+
+#: ``(anchor, what replaces it)`` for :func:`patch_source`: the kernels before ggml's entry point,
+#: the call once every thread has quantized its rows of activations (after the barrier).
+_ENTRY = "void ggml_backend_amx_mul_mat(const ggml_compute_params * params, struct ggml_tensor * dst) {\n"
+_BARRIER = "    ggml_barrier(params->threadpool);\n\n"
+_ONE_ROW = "    if (M == 1) {\n"
+MMQ_EDITS = (
+    (_ENTRY, f'#include "{AMX_ROWS.name}"  // added by specgraft\n\n' + _ENTRY),
+    (
+        _BARRIER + _ONE_ROW,
+        _BARRIER + "    if (specgraft_rows::mul_mat(params, src0, dst, wdata)) {  // added by specgraft\n        return;\n    }\n\n" + _ONE_ROW,
+    ),
+)
 
 #: Always: only the library (llama-cpp-python needs no tests, examples, tools or the multimodal
 #: library: the build takes ~3.5 minutes on 2 cores).
@@ -97,7 +138,60 @@ def cmake_args(flags: set[str] | frozenset[str] | None = None, amx: bool = True)
     return " ".join(["-DGGML_NATIVE=OFF", *enabled, *amx_args(flags, amx), *FIXED])
 
 
+def patch_source(root: str | Path) -> bool:
+    """Add the small-batch AMX kernels to the llama.cpp source tree at ``root`` (a checkout, or
+    llama-cpp-python's ``vendor/llama.cpp``): the kernel file beside ``mmq.cpp`` and two insertions
+    in it. True if it patched, False if the tree already had them. Raises ``ValueError`` where
+    ``mmq.cpp`` is missing or an anchor is not found exactly once (another llama.cpp version:
+    nothing is changed then).
+
+    The kernels only compile in builds with AMX (``GGML_AMX_INT8``); elsewhere the tree builds as
+    before.
+    """
+    mmq = Path(root) / MMQ
+    if not mmq.is_file():
+        raise ValueError(f"{mmq} not found: not a llama.cpp source tree")
+    text = mmq.read_text()
+    if "specgraft_rows::" in text:
+        return False
+    for anchor, replacement in MMQ_EDITS:
+        if text.count(anchor) != 1:
+            found = text.count(anchor)
+            raise ValueError(f"{mmq}: expected one {anchor.strip()!r}, found {found}; the kernels were written for the llama.cpp of {LLAMA_CPP_PYTHON}")
+        text = text.replace(anchor, replacement)
+    (mmq.parent / AMX_ROWS.name).write_text(AMX_ROWS.read_text())
+    mmq.write_text(text)
+    return True
+
+
+def install(amx: bool = True, pip: tuple[str, ...] = (sys.executable, "-m", "pip")) -> None:
+    """Download llama-cpp-python's source, add the small-batch kernels, and build and install it
+    with :func:`cmake_args` (pip's output shows the build; ~3-4 minutes on two cores)."""
+    with tempfile.TemporaryDirectory(prefix="specgraft-llamacpp-") as tmp:
+        print(f"downloading {LLAMA_CPP_PYTHON} (source)", flush=True)
+        subprocess.run([*pip, "download", "--no-deps", "--no-binary", ":all:", "-d", tmp, LLAMA_CPP_PYTHON], check=True)
+        (archive,) = Path(tmp).glob("*.tar.gz")
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        (source,) = (p for p in Path(tmp).iterdir() if p.is_dir())
+        patch_source(source / "vendor" / "llama.cpp")
+        flags = cmake_args(amx=amx)
+        print(f"building llama.cpp with CMAKE_ARGS={flags!r}", flush=True)
+        # pip reinstalls a project from a directory whatever version is installed (and keeps the
+        # installed dependencies, which --force-reinstall would not)
+        subprocess.run([*pip, "install", "--no-cache-dir", str(source)], check=True, env={**os.environ, "CMAKE_ARGS": flags})
+
+
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Print the CMAKE_ARGS that build llama.cpp for this CPU.")
+    parser = argparse.ArgumentParser(description="Print the CMAKE_ARGS that build llama.cpp for this CPU, or build llama-cpp-python with them.")
     parser.add_argument("--no-amx", action="store_true", help="leave AMX off even where the CPU has it")
-    print(cmake_args(amx=not parser.parse_args().no_amx))
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--install", action="store_true", help=f"download {LLAMA_CPP_PYTHON}, add the small-batch AMX kernels, build and install it")
+    action.add_argument("--patch", metavar="DIR", help="add the small-batch AMX kernels to the llama.cpp source tree DIR and exit")
+    args = parser.parse_args()
+    if args.install:
+        install(amx=not args.no_amx)
+    elif args.patch:
+        print("patched" if patch_source(args.patch) else "already patched", args.patch)
+    else:
+        print(cmake_args(amx=not args.no_amx))

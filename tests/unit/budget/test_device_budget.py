@@ -260,6 +260,13 @@ def test_an_amx_build_of_llamacpp_reads_its_own_tables_first(tmp_path, monkeypat
     for name in ("m-llamacpp-avx512-t2.json", "m-llamacpp-amx-t2.json", "m-cpu-avx512-t2.json"):
         (tmp_path / name).write_text(json.dumps({"model": "m", "device": "llamacpp", "seconds": {"1": {"1": 1.0}}}))
     monkeypatch.setattr(machine, "llamacpp_amx", lambda: True)
+    monkeypatch.setattr(machine, "llamacpp_amx_rows", lambda: True)
+    assert machine.cost_kinds("llamacpp") == ["amx-rows", "amx", "avx512"], "the small-batch kernels' table first"
+    assert profile.find_cost_table("m", "llamacpp", 2).name == "m-llamacpp-amx-t2.json", "none for them: stock AMX's"
+    (tmp_path / "m-llamacpp-amx-rows-t2.json").write_text("{}")
+    assert profile.find_cost_table("m", "llamacpp", 2).name == "m-llamacpp-amx-rows-t2.json"
+    (tmp_path / "m-llamacpp-amx-rows-t2.json").unlink()
+    monkeypatch.setattr(machine, "llamacpp_amx_rows", lambda: False)
     assert machine.cost_kinds("llamacpp") == ["amx", "avx512"] and machine.cost_kinds("cpu") == ["avx512"]
     assert profile.find_cost_table("m", "llamacpp", 2).name == "m-llamacpp-amx-t2.json"
     assert profile.find_cost_table("m", "cpu", 2).name == "m-cpu-avx512-t2.json"

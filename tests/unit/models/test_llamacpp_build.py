@@ -1,4 +1,5 @@
-"""The CMake flags that build llama.cpp, and the GCC fix an AMX build carries."""
+"""The CMake flags that build llama.cpp, the GCC fix an AMX build carries, and the small-batch
+AMX kernels :func:`patch_source` adds to llama.cpp's source."""
 
 import shutil
 import subprocess
@@ -6,7 +7,7 @@ import subprocess
 import pytest
 
 from specgraft import machine
-from specgraft.models.llamacpp_build import AMX_HEADER, cmake_args
+from specgraft.models.llamacpp_build import AMX_HEADER, AMX_ROWS, LLAMA_CPP_PYTHON, MMQ, cmake_args, patch_source
 
 AVX512 = {"avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512_vnni", "avx512_bf16"}
 
@@ -62,3 +63,53 @@ def test_the_amx_header_loads_the_whole_tile_configuration(tmp_path):
     if run.returncode == 2:
         pytest.skip("the kernel does not grant AMX tile data")
     assert run.returncode == 0 and run.stdout.split() == [str(8 + i) for i in range(8)]
+
+
+# the parts of ggml's ggml-cpu/amx/mmq.cpp the patch anchors on, as in llama-cpp-python 0.3.36
+MMQ_TEXT = """#if defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+inline int64_t ggml_batch_offset(const ggml_tensor * t, int64_t batch_idx, int64_t ne2) { return 0; }
+
+void ggml_backend_amx_mul_mat(const ggml_compute_params * params, struct ggml_tensor * dst) {
+    // quantize the rows of A into wdata
+    ggml_barrier(params->threadpool);
+
+    if (M == 1) {
+        // one row
+    }
+    // AMX tiles
+}
+#endif
+"""
+
+
+def test_patch_source_adds_the_kernels_once(tmp_path):
+    mmq = tmp_path / MMQ
+    mmq.parent.mkdir(parents=True)
+    mmq.write_text(MMQ_TEXT)
+    assert patch_source(tmp_path) is True
+    text = mmq.read_text()
+    assert (mmq.parent / AMX_ROWS.name).read_text() == AMX_ROWS.read_text()
+    include, entry = text.index(f'#include "{AMX_ROWS.name}"'), text.index("void ggml_backend_amx_mul_mat(")
+    call, barrier, one_row = text.index("specgraft_rows::mul_mat(params, src0, dst, wdata)"), text.index("ggml_barrier"), text.index("if (M == 1)")
+    assert text.index("ggml_batch_offset") < include < entry < barrier < call < one_row, "the kernels see ggml's helpers; the call runs once every row is quantized"
+    assert patch_source(tmp_path) is False and mmq.read_text() == text, "a second patch changes nothing"
+
+
+def test_patch_source_refuses_another_llamacpp(tmp_path):
+    mmq = tmp_path / MMQ
+    mmq.parent.mkdir(parents=True)
+    mmq.write_text(MMQ_TEXT.replace("    if (M == 1) {", "    if (M < 2) {"))
+    with pytest.raises(ValueError, match="expected one"):
+        patch_source(tmp_path)
+    assert "specgraft" not in mmq.read_text() and not (mmq.parent / AMX_ROWS.name).exists(), "nothing half-done"
+    with pytest.raises(ValueError, match="not a llama.cpp source tree"):
+        patch_source(tmp_path / "elsewhere")
+
+
+def test_install_builds_the_release_the_extra_pins():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
+    assert pyproject["project"]["optional-dependencies"]["llamacpp"] == [LLAMA_CPP_PYTHON]
+    assert AMX_ROWS.name in " ".join(pyproject["tool"]["setuptools"]["package-data"]["specgraft"]), "shipped in the wheel"
