@@ -26,10 +26,10 @@ AMX builds also get **small-batch kernels** (``llamacpp_amx_rows.inc``): stock g
 rows there are, so a verify pass of a few rows costs ~1.6-1.8 one-row steps on two cores; the
 kernels give 2-15 rows the one-row kernel's arithmetic over one read of the weights (over 512
 cached tokens: 2 rows 1.03 steps, 4 rows 1.46, 8 rows 1.92), each row bit-identical to the row
-alone. They are a source change, so pip cannot
-build them from PyPI's package: ``--install`` downloads llama-cpp-python's source, adds them
-(:func:`patch_source`) and builds it with these flags; ``--patch DIR`` adds them to a llama.cpp
-checkout (to build llama.cpp's own programs the same way). Plain one-row decoding is unchanged.
+alone. They are a source change, so pip cannot build them from PyPI's package: ``--install``
+downloads llama-cpp-python's source, adds them (:func:`patch_source`) and builds it with these
+flags; ``--patch DIR`` adds them to a llama.cpp checkout (to build llama.cpp's own programs the
+same way). Plain one-row decoding is unchanged.
 
 Print the flags, or build and install llama-cpp-python with them::
 
@@ -141,9 +141,10 @@ def cmake_args(flags: set[str] | frozenset[str] | None = None, amx: bool = True)
 def patch_source(root: str | Path) -> bool:
     """Add the small-batch AMX kernels to the llama.cpp source tree at ``root`` (a checkout, or
     llama-cpp-python's ``vendor/llama.cpp``): the kernel file beside ``mmq.cpp`` and two insertions
-    in it. True if it patched, False if the tree already had them. Raises ``ValueError`` where
-    ``mmq.cpp`` is missing or an anchor is not found exactly once (another llama.cpp version:
-    nothing is changed then).
+    in it. True if it patched, False if ``mmq.cpp`` already had the insertions (the kernel file is
+    written again either way, so a tree patched by an older specgraft gets today's kernels).
+    Raises ``ValueError`` where ``mmq.cpp`` is missing or an anchor is not found exactly once
+    (another llama.cpp version: nothing is changed then).
 
     The kernels only compile in builds with AMX (``GGML_AMX_INT8``); elsewhere the tree builds as
     before.
@@ -153,6 +154,7 @@ def patch_source(root: str | Path) -> bool:
         raise ValueError(f"{mmq} not found: not a llama.cpp source tree")
     text = mmq.read_text()
     if "specgraft_rows::" in text:
+        (mmq.parent / AMX_ROWS.name).write_text(AMX_ROWS.read_text())
         return False
     for anchor, replacement in MMQ_EDITS:
         if text.count(anchor) != 1:

@@ -92,7 +92,9 @@ def test_patch_source_adds_the_kernels_once(tmp_path):
     include, entry = text.index(f'#include "{AMX_ROWS.name}"'), text.index("void ggml_backend_amx_mul_mat(")
     call, barrier, one_row = text.index("specgraft_rows::mul_mat(params, src0, dst, wdata)"), text.index("ggml_barrier"), text.index("if (M == 1)")
     assert text.index("ggml_batch_offset") < include < entry < barrier < call < one_row, "the kernels see ggml's helpers; the call runs once every row is quantized"
-    assert patch_source(tmp_path) is False and mmq.read_text() == text, "a second patch changes nothing"
+    (mmq.parent / AMX_ROWS.name).write_text("// an older specgraft's kernels")
+    assert patch_source(tmp_path) is False and mmq.read_text() == text, "a second patch leaves mmq.cpp as it was"
+    assert (mmq.parent / AMX_ROWS.name).read_text() == AMX_ROWS.read_text(), "and brings the kernels up to date"
 
 
 def test_patch_source_refuses_another_llamacpp(tmp_path):
