@@ -103,6 +103,7 @@ def llamacpp_amx() -> bool:
     return "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace")
 
 
+@functools.lru_cache(maxsize=1)
 def llamacpp_amx_rows() -> bool:
     """Whether the installed llama.cpp is an AMX build with specgraft's small-batch kernels
     (``python -m specgraft.models.llamacpp_build --install`` adds them): its CPU library exports

@@ -28,9 +28,9 @@ batch has: with the repacked Q4_K weights of the Qwen GGUFs on an AVX-512 build,
 rows take one path, rows in whole groups of 4 of batches of 8 or more another, the rest of a
 batch a third, and the results differ by up to ~0.3 in a logit (Q4_1 SmolLM2 is invariant).
 A build with AMX kernels (``llamacpp_build`` on a CPU with AMX, with or without its small-batch
-kernels) computes the matrix products of a row the same in batches of 1 to 63 rows. Attention has its own classes: from 64 query rows a
-tiled kernel, and for one row over 512+ cached cells a kernel that splits the cells among the
-threads. And in the default mode the cells of rejected rows are freed and reused, while
+kernels) computes the matrix products of a row the same in batches of 1 to 63 rows. Attention
+has its own classes: from 64 query rows a tiled kernel, and for one row over 512+ cached cells a
+kernel that splits the cells among the threads. And in the default mode the cells of rejected rows are freed and reused, while
 attention adds a row's cells in cache order.
 The default mode accepts that, as bf16 does in torch: near-tied tokens can flip, and
 ``--compare`` measures agreement with llama.cpp's plain one-row decoding. ``strict=True`` makes

@@ -153,17 +153,17 @@ def patch_source(root: str | Path) -> bool:
     if not mmq.is_file():
         raise ValueError(f"{mmq} not found: not a llama.cpp source tree")
     text = mmq.read_text()
-    if "specgraft_rows::" in text:
-        (mmq.parent / AMX_ROWS.name).write_text(AMX_ROWS.read_text())
-        return False
-    for anchor, replacement in MMQ_EDITS:
-        if text.count(anchor) != 1:
-            found = text.count(anchor)
-            raise ValueError(f"{mmq}: expected one {anchor.strip()!r}, found {found}; the kernels were written for the llama.cpp of {LLAMA_CPP_PYTHON}")
-        text = text.replace(anchor, replacement)
+    patched = "specgraft_rows::" in text
+    if not patched:
+        for anchor, replacement in MMQ_EDITS:
+            if text.count(anchor) != 1:
+                found = text.count(anchor)
+                raise ValueError(f"{mmq}: expected one {anchor.strip()!r}, found {found}; the kernels were written for the llama.cpp of {LLAMA_CPP_PYTHON}")
+            text = text.replace(anchor, replacement)
     (mmq.parent / AMX_ROWS.name).write_text(AMX_ROWS.read_text())
-    mmq.write_text(text)
-    return True
+    if not patched:
+        mmq.write_text(text)
+    return not patched
 
 
 def install(amx: bool = True, pip: tuple[str, ...] = (sys.executable, "-m", "pip")) -> None:
@@ -194,6 +194,9 @@ if __name__ == "__main__":
     if args.install:
         install(amx=not args.no_amx)
     elif args.patch:
-        print("patched" if patch_source(args.patch) else "already patched", args.patch)
+        try:
+            print("patched" if patch_source(args.patch) else "already patched", args.patch)
+        except ValueError as e:
+            parser.exit(2, f"error: {e}\n")
     else:
         print(cmake_args(amx=not args.no_amx))
