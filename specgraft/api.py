@@ -107,7 +107,7 @@ class SpecDecoder:
             self.spec.check(options)
             graft = options.graft
             if self.backend == "llamacpp":
-                draft_model = load_draft_gguf(graft.draft_model, self.target, progress=progress)
+                draft_model = load_draft_gguf(graft.draft_model, self.target, progress=progress, quant=graft.draft_quant)
             else:
                 draft_model = load_draft_model(graft.draft_model, graft.draft_dtype, self.target.device, progress, tokenizer, graft.draft_quant)
         self.draft_model = draft_model
@@ -204,7 +204,7 @@ class SpecDecoder:
         target = LlamaCppTarget(path, threads=threads, strict=strict, name=str(name_or_path))
         draft = None
         if get_method(method).needs_draft_model:
-            draft = load_draft_gguf(options.graft.draft_model, target, cache_dir=cache_dir, progress=progress)
+            draft = load_draft_gguf(options.graft.draft_model, target, cache_dir=cache_dir, progress=progress, quant=options.graft.draft_quant)
         return cls(None, tokenizer, method, options, target=target, draft_model=draft, progress=progress)
 
     def with_method(

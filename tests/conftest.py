@@ -48,3 +48,15 @@ def no_draft_tree_cut(request, monkeypatch):
 
     presets = {name: dataclasses.replace(p, long_row_cost=None) for name, p in config.PRESETS.items()}
     monkeypatch.setattr(config, "PRESETS", presets)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def requantized_gguf_folder(tmp_path_factory):
+    """Draft GGUFs requantized by the tests (``models/gguf_requant.py``) go to a temporary
+    folder, not the user's cache."""
+    from specgraft.models import gguf_requant
+
+    before = gguf_requant.REQUANTIZED_DIR
+    gguf_requant.REQUANTIZED_DIR = tmp_path_factory.mktemp("requantized")
+    yield
+    gguf_requant.REQUANTIZED_DIR = before

@@ -18,9 +18,10 @@ from specgraft.bench.vllm_peers import VLLM_BASELINE, VLLM_PEERS, default_vllm_p
 from specgraft.config import SamplingConfig
 from specgraft.methods import METHODS, MethodOptions, method_budget, method_names
 from specgraft.methods.settings import MethodSettings
-from specgraft.models.backends import is_gguf_file, resolve_backend
+from specgraft.models.backends import gguf_path, is_gguf_file, resolve_backend
 from specgraft.models.device import parse_dtype, resolve_device
-from specgraft.models.quant import resolve_draft_quant
+from specgraft.models.gguf_requant import GGUF_DRAFT_QUANTS, resolve_gguf_draft_quant
+from specgraft.models.quant import GGUF_ONLY_QUANTS, resolve_draft_quant
 from specgraft.suites import parse_suite_spec
 
 RUN_FILE = "run.json"
@@ -199,10 +200,11 @@ class BenchConfig:
                 raise ValueError(f"--dtype {self.dtype}: the llama.cpp backend computes in the GGUF's own quantization; drop --dtype")
             if self.device not in ("auto", "cpu"):
                 raise ValueError(f"--device {self.device}: the llama.cpp backend runs on the CPU here")
-            if self.settings.draft_quant != "auto" and "hf-assisted" not in methods:
+            ours_draft = any(METHODS[m].needs_draft_model for m in methods if m in METHODS)
+            if self.settings.draft_quant not in GGUF_DRAFT_QUANTS and (ours_draft or "hf-assisted" not in methods):
                 raise ValueError(
-                    f"--draft-quant {self.settings.draft_quant}: on the llama.cpp backend the draft model computes in its GGUF's own "
-                    "quantization (--draft-quant is for hf-assisted's draft); drop --draft-quant"
+                    f"--draft-quant {self.settings.draft_quant}: on the llama.cpp backend the draft model is a GGUF, which takes "
+                    f"{', '.join(GGUF_DRAFT_QUANTS)} ({self.settings.draft_quant} is for hf-assisted's draft in torch)"
                 )
         if self.resolved_backend == "llamacpp" and self.peer_process == "shared" and any(m in PEERS for m in methods):
             raise ValueError(
@@ -286,12 +288,27 @@ class BenchConfig:
     @property
     def resolved_draft_quant(self) -> str | None:
         """``draft_quant`` with ``auto`` resolved for the device (None without a draft model);
-        ``gguf`` on the llama.cpp backend unless ``hf-assisted`` loads a draft model in torch."""
+        on the llama.cpp backend, unless ``hf-assisted`` loads a draft model in torch, ``gguf``
+        (the draft's GGUF as it is) or ``gguf-q4_0`` / ``gguf-q8_0`` (requantized:
+        ``models/gguf_requant.py``; resolving ``auto`` reads the draft's GGUF, pulling it first)."""
         if not self.settings.draft_model:
             return None
         if self.resolved_backend == "llamacpp" and "hf-assisted" not in self.methods:
-            return "gguf"
-        return resolve_draft_quant(self.settings.draft_quant, self.resolved_device)
+            quant = self.settings.draft_quant
+            if quant == "auto":
+                quant = resolve_gguf_draft_quant(quant, gguf_path(self.settings.draft_model, progress=self.progress))
+            return "gguf" if quant == "none" else f"gguf-{quant}"
+        return resolve_draft_quant(self.hf_draft_quant, self.resolved_device)
+
+    @property
+    def hf_draft_quant(self) -> str:
+        """``draft_quant`` as a draft model in torch takes it (``hf-assisted``'s on the llama.cpp
+        backend): ``auto`` for the GGUF requantizations.
+
+        >>> BenchConfig(model="m.gguf", out="o", settings=MethodSettings(draft_model="d.gguf", draft_quant="q4_0")).hf_draft_quant
+        'auto'
+        """
+        return "auto" if self.settings.draft_quant in GGUF_ONLY_QUANTS else self.settings.draft_quant
 
     @property
     def resolved_dtype(self) -> str:

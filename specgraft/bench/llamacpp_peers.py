@@ -161,6 +161,7 @@ class LlamaCppPeer:
         self.llama = llama_cpp.Llama(
             str(self.gguf), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=self.threads, n_threads_batch=self.threads,
             seed=seed, flash_attn=FLASH_ATTN, draft_model=self.lookup, verbose=False,
+            use_mmap=False,  # read, not mapped, as our backend loads it (models/llamacpp.py)
             # a draft model turns logits_all on inside; the logits buffer is sized by the argument
             logits_all=self.lookup is not None,
         )

@@ -33,7 +33,8 @@ llama.cpp's warm-up decode, tokenization, the lookup cache's initial fill and fi
 the statistics printing. Our methods' ``time_s`` likewise counts prefill and generation.
 The wall time of the whole process is recorded beside (``tool_timing``).
 The programs run with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (:func:`specgraft.models.hugepages.program_env`):
-their weights in 2 MiB pages, as our target's are.
+their weights in 2 MiB pages, as our target's are; and with ``--load-mode none``: read into
+memory, not mapped, as our backend loads its models.
 
 **Stopping.** ``-n`` stops a program only after a whole draft-and-verify step, and only once it
 has emitted *more* than ``-n`` tokens, so it gets ``max_new_tokens - 1``: the program stops after
@@ -271,6 +272,7 @@ class LlamaToolPeer:
             str(self.tool), "-m", str(self.gguf), "-f", str(prompt_file), "-n", str(max(max_new_tokens - 1, 1)),
             "-c", str(self.n_ctx), "-t", t, "-tb", t, "--temp", str(self.temperature), "--seed", str(self.seed),
             "--no-escape", "--color", "off",
+            "--load-mode", "none",  # read, not mapped, as our backend loads the models (models/llamacpp.py)
         ]
         if self.temperature > 0:
             cmd += ["--top-k", "0", "--top-p", "1.0", "--min-p", "0.0"]

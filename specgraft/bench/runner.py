@@ -58,6 +58,7 @@ from specgraft.bench.summary import own_plain
 from specgraft.bench.vllm_peers import VLLM_BASELINE, VLLMSettings, check_vllm_python, run_vllm_peer
 from specgraft.methods import METHODS, MethodOptions
 from specgraft.models.backends import gguf_path
+from specgraft.models.gguf_requant import draft_gguf
 from specgraft.models.llamacpp import load_draft_gguf
 from specgraft.models.loading import load_draft_model
 from specgraft.models.resolve import resolve_model
@@ -84,7 +85,9 @@ def load_models(cfg: BenchConfig, options: MethodOptions) -> LoadedModels:
             cfg.model, method="ar", options=options, progress=cfg.progress, backend="llamacpp", threads=cfg.threads,
             strict=cfg.strict,
         )
-        draft = load_draft_gguf(cfg.settings.draft_model, decoder.target, progress=cfg.progress) if cfg.settings.draft_model and ours_need_draft else None
+        draft = None
+        if cfg.settings.draft_model and ours_need_draft:
+            draft = load_draft_gguf(cfg.settings.draft_model, decoder.target, progress=cfg.progress, quant=cfg.settings.draft_quant)
         return LoadedModels(decoder, draft)
     decoder = SpecDecoder.from_pretrained(
         cfg.model, method="ar", dtype=cfg.dtype, device=cfg.resolved_device, options=options, progress=cfg.progress
@@ -127,7 +130,7 @@ def build_methods(
                 name, target_gguf(cfg), eos, cfg.max_new_tokens, cfg.threads, cfg.temperature, cfg.seed, cfg.llamacpp_draft_max
             )
         elif name in LLAMACPP_TOOL_PEERS:
-            draft_gguf = gguf_of(cfg.settings.draft_model, cfg.progress) if name == "llama-speculative" else None
+            draft_gguf = cfg_draft_gguf(cfg) if name == "llama-speculative" else None
             out[name] = LlamaToolPeer(
                 name, find_tool(name, cfg.resolved_llamacpp_tools), target_gguf(cfg), draft_gguf, models.decoder.tokenizer, eos,
                 cfg.max_new_tokens, cfg.threads, cfg.temperature, cfg.seed, cfg.llamacpp_draft_max,
@@ -148,6 +151,12 @@ def gguf_of(model: str | None, progress: bool = True) -> str:
     """The GGUF file of a model argument (a catalog name's pulled GGUF, a .gguf path...)."""
     assert model is not None
     return str(gguf_path(model, progress=progress))
+
+
+def cfg_draft_gguf(cfg: BenchConfig) -> str:
+    """The draft model's GGUF as our methods load it (requantized as ``--draft-quant`` says),
+    which ``llama-speculative`` gets too: both draft with the same file."""
+    return str(draft_gguf(gguf_of(cfg.settings.draft_model, cfg.progress), cfg.settings.draft_quant, progress=cfg.progress))
 
 
 def target_gguf(cfg: BenchConfig) -> str:
@@ -448,7 +457,7 @@ def start_peer_process(cfg: BenchConfig, console: Console, eos: Sequence[int] | 
     llama = any(m in LLAMACPP_PYTHON_PEERS for m in cfg.process_peers)
     spec = PeerSpec(
         model=cfg.model, dtype=cfg.dtype, device=cfg.resolved_device, threads=cfg.threads, draft_model=cfg.settings.draft_model,
-        draft_quant=cfg.settings.draft_quant, peers=cfg.process_peers, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+        draft_quant=cfg.hf_draft_quant, peers=cfg.process_peers, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
         seed=cfg.seed, gguf=target_gguf(cfg) if llama else None, eos_token_ids=tuple(eos) if eos is not None else None,
         llamacpp_draft_max=cfg.llamacpp_draft_max,
     )

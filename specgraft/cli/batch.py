@@ -85,7 +85,7 @@ def bench_serve(
         None, "--cost-table",
         help="Cost table JSON (default: the measured or shipped one for the model): each batch size's budget, and each method's default budget.",
     ),
-    draft_quant: str = typer.Option("auto", "--draft-quant", help="Numerics of the draft model only: auto, int8, int8-tensor, bf16, fp16 or none."),
+    draft_quant: str = typer.Option("auto", "--draft-quant", help="Numerics of the draft model only: auto, int8, int8-tensor, bf16, fp16 or none (a GGUF draft: auto, q4_0, q8_0 or none)."),
     recycling_state: Optional[str] = typer.Option(
         None, "--recycling-state", help="Successor matrix .npz from `specgraft warmup` for recycling (default: an empty one per request).",
     ),

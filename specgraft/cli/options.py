@@ -32,8 +32,9 @@ def draft_quant_option() -> typer.models.OptionInfo:
     """``--draft-quant``, as ``generate``, ``bench`` and ``calibrate`` take it (``models/quant.py``)."""
     return typer.Option(
         "auto", "--draft-quant",
-        help="Numerics of the draft model only (outputs stay the target's): auto (int8 on CPU, bf16 on a GPU), "
-        "int8, int8-tensor (one activation scale per call, for comparisons), bf16, fp16 or none (the draft in --dtype).",
+        help="Numerics of the draft model only (outputs stay the target's): auto (int8 on CPU, bf16 on a GPU; on the "
+        "llama.cpp backend q4_0), int8, int8-tensor (one activation scale per call, for comparisons), bf16, fp16 or none "
+        "(the draft in --dtype, or its GGUF as it is); q4_0 or q8_0 requantize a GGUF draft (llama.cpp backend).",
     )
 
 

@@ -25,7 +25,8 @@ AMX builds also get **small-batch kernels** (``llamacpp_amx_rows.inc``): stock g
 2 or more rows of Q4_K/Q6_K weights on the AMX tiles, which unpack every weight block however few
 rows there are, so a verify pass of a few rows costs ~1.6-1.8 one-row steps on two cores; the
 kernels give 2-15 rows the one-row kernel's arithmetic over one read of the weights (over 512
-cached tokens: 2 rows 1.03 steps, 4 rows 1.46, 8 rows 1.92), each row bit-identical to the row
+cached tokens: 2 rows 1.03 steps, 4 rows 1.46, 8 rows 1.92), and 2-8 rows of Q4_0 (the type a
+draft model is requantized to: ``gguf_requant.py``) the same, each row bit-identical to the row
 alone. They are a source change, so pip cannot build them from PyPI's package: ``--install``
 downloads llama-cpp-python's source, adds them (:func:`patch_source`) and builds it with these
 flags; ``--patch DIR`` adds them to a llama.cpp checkout (to build llama.cpp's own programs the

@@ -71,8 +71,11 @@ import torch
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-#: Draft numerics by name (``--draft-quant``).
-DRAFT_QUANTS = ("auto", "none", "int8", "int8-tensor", "bf16", "fp16")
+#: Draft numerics by name (``--draft-quant``); ``q4_0`` and ``q8_0`` requantize a GGUF draft
+#: model on the llama.cpp backend (``models/gguf_requant.py``), the others are the torch backend's.
+DRAFT_QUANTS = ("auto", "none", "int8", "int8-tensor", "bf16", "fp16", "q4_0", "q8_0")
+#: The names only the llama.cpp backend takes.
+GGUF_ONLY_QUANTS = ("q4_0", "q8_0")
 #: The int8 numerics (both draft in int8; ``draft_numerics`` reports either as ``int8``).
 INT8_QUANTS = ("int8", "int8-tensor")
 #: Inputs with at least this many rows are quantized in scale groups (module docstring).
@@ -92,7 +95,7 @@ def check_draft_quant(name: str) -> str:
     'int8'
     >>> check_draft_quant("int4")
     Traceback (most recent call last):
-    ValueError: unknown draft quantization 'int4'; choose one of auto, none, int8, int8-tensor, bf16, fp16
+    ValueError: unknown draft quantization 'int4'; choose one of auto, none, int8, int8-tensor, bf16, fp16, q4_0, q8_0
     """
     if name not in DRAFT_QUANTS:
         raise ValueError(f"unknown draft quantization {name!r}; choose one of {', '.join(DRAFT_QUANTS)}")
@@ -106,13 +109,23 @@ def int8_available() -> bool:
 
 
 def resolve_draft_quant(name: str, device: str | torch.device = "cpu") -> str:
-    """``name`` with ``auto`` resolved for ``device``; ``ValueError`` for ``int8`` off the CPU.
+    """``name`` with ``auto`` resolved for ``device``; ``ValueError`` for ``int8`` off the CPU and
+    for the llama.cpp backend's GGUF requantizations.
 
     >>> resolve_draft_quant("auto", "cpu"), resolve_draft_quant("auto", "cuda"), resolve_draft_quant("none", "cpu")
     ('int8', 'bf16', 'none')
+    >>> resolve_draft_quant("q4_0", "cpu")
+    Traceback (most recent call last):
+    ValueError: draft quantization q4_0 requantizes a GGUF draft model on the llama.cpp backend (--backend llamacpp); here use auto, none, int8, int8-tensor, bf16 or fp16
     """
     kind = torch.device(device).type
     name = check_draft_quant(name)
+    if name in GGUF_ONLY_QUANTS:
+        torch_names = [q for q in DRAFT_QUANTS if q not in GGUF_ONLY_QUANTS]
+        raise ValueError(
+            f"draft quantization {name} requantizes a GGUF draft model on the llama.cpp backend (--backend llamacpp); "
+            f"here use {', '.join(torch_names[:-1])} or {torch_names[-1]}"
+        )
     if name == "auto":
         name = AUTO.get(kind, "none")
         if name == "int8" and not int8_available():

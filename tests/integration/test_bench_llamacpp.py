@@ -13,6 +13,8 @@ any prompt text (a vocabulary without some byte would abort llama.cpp's tokenize
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import re
@@ -29,6 +31,7 @@ from specgraft.bench import BenchConfig, run_benchmark  # noqa: E402
 from specgraft.bench.llamacpp_tools import ToolOutput, find_tool, parse_tool_output  # noqa: E402
 from specgraft.bench.records import RESULTS_FILE, read_rows  # noqa: E402
 from specgraft.bench.runner import round_order, to_measure  # noqa: E402
+from specgraft.models.gguf_requant import draft_gguf  # noqa: E402
 
 from tests.helpers.gguf_models import write_tiny_gguf  # noqa: E402
 from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
@@ -216,7 +219,8 @@ def test_strict_bench_with_llamacpp_programs(ggufs, tools, tmp_path):
         assert opts["-c"] == "8192" and opts["--spec-draft-n-max"] == "5" and "--no-escape" in c["args"]
         assert c["prompt"].endswith("\n"), "one newline more: -f drops one"
         if c["tool"] == "llama-speculative":
-            assert opts["-md"] == ggufs["draft"] and opts["-td"] == opts["-tbd"] == "1"
+            # the draft file our methods load (requantized to Q4_0: --draft-quant auto)
+            assert opts["-md"] == str(draft_gguf(ggufs["draft"], "auto")) != ggufs["draft"] and opts["-td"] == opts["-tbd"] == "1"
         else:
             assert "-md" not in opts
     runs = [c for c in calls if opts_of(c)["-n"] == str(MAX_NEW - 1)]
@@ -321,7 +325,9 @@ def test_config_on_llamacpp(tools, monkeypatch):
     everything = BenchConfig(model="m.gguf", out="o", methods="all", settings=MethodSettings(draft_model="d.gguf"))
     assert {"llama-lookup", "llama-speculative", "draft-tree"} <= set(everything.methods)
     assert everything.resolved_llamacpp_tools == str(folder) and "--llamacpp-tools" not in everything.to_command()
-    assert everything.resolved_draft_quant == "gguf"
+    # the draft's GGUF as it is, or requantized (auto reads the file's type: Q4_0 unless it is already)
+    assert [dataclasses.replace(everything, settings=MethodSettings(draft_model="d.gguf", draft_quant=q)).resolved_draft_quant
+            for q in ("none", "q4_0", "q8_0")] == ["gguf", "gguf-q4_0", "gguf-q8_0"]
     hf = BenchConfig(model="m", out="o", methods="all")
     assert not any(m.startswith("llama") for m in hf.methods), "the hf backend's 'all' is what it was"
     command = BenchConfig(model="m", out="o", backend="llamacpp", strict=True, methods="pld,llamacpp").to_command()
@@ -334,7 +340,8 @@ def test_config_on_llamacpp(tools, monkeypatch):
         (dict(dtype="float32"), "--dtype float32: the llama.cpp backend computes in the GGUF's own quantization; drop --dtype"),
         (dict(methods="adapld"), "method 'adapld' reads the target's hidden states and input embeddings, which the llama.cpp backend does not return"),
         (dict(device="cuda"), "--device cuda: the llama.cpp backend runs on the CPU here"),
-        (dict(draft_model="d.gguf", draft_quant="int8", methods="draft-tree"), "--draft-quant int8: on the llama.cpp backend"),
+        (dict(draft_model="d.gguf", draft_quant="int8", methods="draft-tree"),
+         "--draft-quant int8: on the llama.cpp backend the draft model is a GGUF, which takes auto, none, q4_0, q8_0"),
         (dict(methods="llama-speculative"), "method llama-speculative needs --draft-model"),
         (dict(methods="llama-lookup"), "llama-lookup is llama.cpp's own program: say where it is with --llamacpp-tools DIR"),
         (dict(methods="llama-lookup", llamacpp_tools="/nowhere"), "no executable llama-lookup in '/nowhere': build them from llama.cpp's source"),

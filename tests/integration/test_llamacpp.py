@@ -10,6 +10,7 @@ strict mode relies on (``test_catalog_gguf_row_classes``) and the strict equalit
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,12 +32,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def ggufs(tmp_path_factory):
-    """``{"f32": path, "q8": path, "draft": path}``: a float32 target, a Q8_0 one, and a draft
-    model sharing the vocabulary (another random model)."""
+    """``{"f32": path, "q8": path, "q4": path, "draft": path}``: a float32 target, a Q8_0 one, a
+    Q4_0 one, and a draft model sharing the vocabulary (another random model)."""
     root = tmp_path_factory.mktemp("gguf")
     return {
         "f32": write_tiny_gguf(root / "tiny-f32.gguf"),
         "q8": write_tiny_gguf(root / "tiny-q8.gguf", qtype="Q8_0"),
+        "q4": write_tiny_gguf(root / "tiny-q4.gguf", qtype="Q4_0"),
         "draft": write_tiny_gguf(root / "tiny-draft.gguf", seed=1, layers=1),
     }
 
@@ -315,6 +317,44 @@ def test_catalog_gguf_row_classes(name):
     assert all(np.array_equal(out.logits.numpy(), rows[60][:4]) for out in outs)
 
 
+def test_q4_0_rows_are_bit_identical_on_amx(ggufs):
+    """Q4_0 (what a draft is requantized to) on a build with AMX: every row bit-identical in
+    batches of 1 to 63 rows, 2-8 of them through the small-batch kernels where the build has
+    them (``llamacpp_amx_rows.inc``), the rest on the one-row kernel or the tiles."""
+    if not machine.llamacpp_amx():
+        pytest.skip("llama.cpp's AMX kernels are not in this build")
+    target = LlamaCppTarget(ggufs["q4"], threads=2)
+    chain = [int(t) for t in torch.randint(3, 96, (63,), generator=torch.Generator().manual_seed(0))]
+    rows = first_rows(target, list(range(3, 22)), chain, [1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 63])
+    for n in (1, 2, 3, 4, 5, 7, 8, 9, 12, 16):
+        assert np.array_equal(rows[n], rows[63][:n]), n
+
+
+def test_requantized_draft_gguf(ggufs, tmp_path):
+    """``--draft-quant`` on the llama.cpp backend: ``q4_0`` / ``q8_0`` write a requantized copy
+    once and reuse it while the source is unchanged; ``auto`` is Q4_0 unless the file is Q4_0
+    already; ``none`` keeps the file."""
+    import os
+    import shutil
+
+    from gguf import GGUFReader
+
+    from specgraft.models.gguf_requant import draft_gguf, gguf_file_type
+
+    source = tmp_path / "d.gguf"
+    shutil.copy(ggufs["q8"], source)
+    q4 = draft_gguf(source, "q4_0", progress=False)
+    assert q4 != source and gguf_file_type(q4) == 2
+    assert {t.tensor_type.name for t in GGUFReader(q4).tensors} == {"Q4_0", "F32"}, "the norms stay float32"
+    written = q4.stat().st_mtime_ns
+    assert draft_gguf(source, "auto", progress=False) == q4 and q4.stat().st_mtime_ns == written, "made once"
+    assert draft_gguf(q4, "auto", progress=False) == q4, "already Q4_0"
+    assert draft_gguf(source, "none", progress=False) == source
+    assert gguf_file_type(draft_gguf(source, "q8_0", progress=False)) == 7
+    os.utime(source, ns=(written, written + 10**9))
+    assert draft_gguf(source, "q4_0", progress=False) != q4, "a changed source is requantized again"
+
+
 def test_smollm2_methods_equal_ar_in_strict_mode():
     """A real model: 8 chat prompts of the benchmark sets (their last 96 tokens), 16 new tokens:
     ``pld``, ``recycling`` and ``ptd`` on SmolLM2-135M's catalog GGUF in strict mode equal its
@@ -373,7 +413,21 @@ def test_spec_decoder_on_llamacpp(gguf_dirs):
     assert out.tokens == plain.tokens and len(out.tokens) > 0
     resolved = dec.resolved_config(dec.make_config())
     assert resolved["backend"] == "llamacpp" and resolved["llamacpp"]["strict"] is True
-    assert resolved["draft_model"]["gguf"] == str(gguf_dirs["draft"])
+    # the draft's Q8_0 GGUF requantized to Q4_0 (--draft-quant auto), once
+    from specgraft.models.gguf_requant import REQUANTIZED_DIR
+
+    requantized = Path(resolved["draft_model"]["gguf"])
+    assert requantized.parent == REQUANTIZED_DIR and requantized.name.startswith("draft.q4_0-")
+    assert "Q4_0" in resolved["draft_model"]["quantization"]
+    as_is = MethodOptions(graft=GraftOptions(draft_model=str(gguf_dirs["draft"]), draft_quant="none"))
+    dec = SpecDecoder.from_pretrained(str(gguf_dirs["target"]), options=as_is, threads=1, strict=True, progress=False)
+    assert dec.resolved_config(dec.make_config())["draft_model"]["gguf"] == str(gguf_dirs["draft"])
+    assert dec.generate(prompt, max_new_tokens=16, chat=False).tokens == plain.tokens
+    with pytest.raises(ValueError, match="'int8' is the torch backend's; the llama.cpp backend takes auto, none, q4_0, q8_0"):
+        SpecDecoder.from_pretrained(
+            str(gguf_dirs["target"]), options=MethodOptions(graft=GraftOptions(draft_model=str(gguf_dirs["draft"]), draft_quant="int8")),
+            threads=1, progress=False,
+        )
     with pytest.raises(ValueError, match="hidden states"):
         dec.with_method("adapld")
     with pytest.raises(ValueError, match="hidden states"):
