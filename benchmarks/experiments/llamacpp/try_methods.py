@@ -58,7 +58,8 @@ def main() -> None:
         budgets[m] = int(budget) if budget else args.budget
     configs = {m: base.make_config(max_new_tokens=args.tokens, budget=b) for m, b in budgets.items()}
     prompts = load_suite(args.suite).prompts
-    totals = {m: {"s": 0.0, "tokens": 0, "steps": 0, "equal": 0} for m in decs}
+    parts = ("prefill_s", "draft_s", "forward_s", "tree_nodes")
+    totals = {m: {"s": 0.0, "tokens": 0, "steps": 0, "equal": 0, **dict.fromkeys(parts, 0.0)} for m in decs}
     for m, d in decs.items():
         d.generate(base.encode("Say hello.", chat=True), config=base.make_config(max_new_tokens=8))
     for i, p in enumerate(prompts):
@@ -71,13 +72,16 @@ def main() -> None:
             totals[m]["s"] += time.perf_counter() - t0
             totals[m]["tokens"] += len(out.tokens)
             totals[m]["steps"] += out.stats.steps
+            for part in parts:
+                totals[m][part] += getattr(out.stats, part)
             outs[m] = out.tokens
         for m in decs:
             totals[m]["equal"] += outs[m] == outs["ar"]
         print(p.id, {m: round(totals[m]["s"], 1) for m in decs}, flush=True)
     ar_s = totals["ar"]["s"]
     for m, t in totals.items():
-        print(f"{m:12s} {t['s']:7.1f} s  {t['tokens'] / t['s']:6.2f} tok/s  {ar_s / t['s']:5.2f}x  MAT {t['tokens'] / max(1, t['steps']):.2f}  equal {t['equal']}/{len(prompts)}")
+        print(f"{m:12s} {t['s']:7.1f} s  {t['tokens'] / t['s']:6.2f} tok/s  {ar_s / t['s']:5.2f}x  MAT {t['tokens'] / max(1, t['steps']):.2f}  equal {t['equal']}/{len(prompts)}"
+              f"  prefill {t['prefill_s']:.1f} s  draft {t['draft_s']:.1f} s  forward {t['forward_s']:.1f} s  nodes/step {t['tree_nodes'] / max(1, t['steps']):.1f}")
     if args.out:
         json.dump({"args": vars(args), "totals": totals}, open(args.out, "w"), indent=1)
 
