@@ -5,13 +5,8 @@ tau): a prototype (NOTES.md, *A draft model in Q4_0*).
     python benchmarks/experiments/llamacpp/switch_adaptive_probe.py spec-bench:1,humaneval:1,code-edit:1 2.0:0.9,1.0:0.8
 """
 import sys, time
-import torch
-from specgraft import SpecDecoder
-from specgraft.methods import GraftOptions, MethodOptions
-from specgraft.suites import load_suite
-from specgraft.engine import SpecEngine
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-from switch_probe import Switch  # noqa: E402
+from switch_probe import load, switch_engine, time_engines  # noqa: E402
 
 class Adaptive:
     name = "adaptive"
@@ -58,29 +53,7 @@ class Adaptive:
 
 suite = sys.argv[1] if len(sys.argv) > 1 else "spec-bench:1,humaneval:1,code-edit:1"
 settings = [tuple(float(x) for x in t.split(":")) for t in (sys.argv[2] if len(sys.argv) > 2 else "2.0:0.9,1.0:0.8").split(",")]
-torch.set_num_threads(1)
-options = MethodOptions(graft=GraftOptions(draft_model="qwen2.5-coder-0.5b-instruct"))
-base = SpecDecoder.from_pretrained("qwen2.5-coder-1.5b-instruct", method="ar", options=options, backend="llamacpp", threads=2)
-dt = base.with_method("draft-tree", options)
-pld = base.with_method("pld", options)
-engines = {"ar": base.engine, "pld": pld.engine, "draft-tree": dt.engine}
+base, pld, dt, engines = load()
 for tau, decay in settings:
-    a = Adaptive(pld.engine.drafters[0], dt.engine.drafters[0], tau, decay)
-    engines[f"ad{tau}:{decay}"] = SpecEngine(base.engine.target, [a], Switch(dt.engine.composer), method="draft-tree", eos_token_ids=sorted(base.engine.eos_token_ids), default_budget=16)
-config = base.make_config(max_new_tokens=128)
-prompts = load_suite(suite).prompts
-tot = {m: [0.0, 0, 0] for m in engines}
-for m, e in engines.items():
-    e.generate_ids(base.encode("Say hello.", chat=True), base.make_config(max_new_tokens=8))
-for i, p in enumerate(prompts):
-    ids = base.encode(p.turns[0], chat=p.chat)
-    order = list(engines) if i % 2 == 0 else list(reversed(engines))
-    outs = {}
-    for m in order:
-        t0 = time.perf_counter(); out = engines[m].generate_ids(ids, config); d_ = time.perf_counter() - t0
-        tot[m][0] += d_; tot[m][1] += len(out); tot[m][2] += engines[m].last_stats.steps; outs[m] = round(d_, 1)
-    print(p.id, outs, flush=True)
-for m, (s, n, st) in tot.items():
-    print(f"{m:12s} {s:7.1f} s {tot['ar'][0]/s:5.2f}x MAT {n/max(st,1):.2f}")
-for m, e in engines.items():
-    if m.startswith("ad"): print(m, e.drafters[0].used)
+    engines[f"ad{tau}:{decay}"] = switch_engine(base, dt, Adaptive(pld.engine.drafters[0], dt.engine.drafters[0], tau, decay))
+time_engines(base, engines, suite)
