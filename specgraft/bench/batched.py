@@ -83,6 +83,10 @@ class BatchRow:
     latency_max_s: float
     mat: float
     exact: bool
+    """Every output equals single-sequence ``ar``'s (in every pass)."""
+    equal: int = 0
+    """Outputs equal to single-sequence ``ar``'s, of ``prompts`` x passes (llama.cpp's default mode
+    can part at a near-tie: a cell reused or a batch of another size adds in another order)."""
     budget: int | None = None
     predicted_tokens_per_s: float | None = None
     rss_mb: float = 0.0
@@ -119,9 +123,11 @@ def rss_mb() -> float:
 
 
 def kv_mb(*adapters: Any) -> float:
-    """Bytes held by the slot caches' key and value buffers, MB."""
+    """Bytes held by the slot caches' key and value buffers, MB (a llama.cpp model's: its
+    context's KV cache, ``kv_bytes``)."""
     total = 0
     for a in adapters:
+        total += getattr(a, "kv_bytes", 0)
         for layer in getattr(getattr(a, "cache", None), "layers", []):
             for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
                 if t is not None:
@@ -288,6 +294,7 @@ def _method_row(
     row = BatchRow(
         method=name, batch=batch, prompts=len(reference), tokens=total, wall_s=wall, tokens_per_s=total / wall,
         latency_p50_s=statistics.median(lat), latency_max_s=max(lat), mat=1.0, exact=all(run.outputs == reference for run in runs),
+        equal=sum(o == ref for run in runs for o, ref in zip(run.outputs, reference, strict=True)),
         rss_mb=rss_mb(), passes_s=[run.wall_s for run in runs],
     )
     if name == "hf":  # the peer: outputs compared, no stats of ours
@@ -351,13 +358,19 @@ def _predicted(costs: CostTable | None, policy: AdaptiveBudget | None, batch: in
     return policy.predicted(batch, budget)
 
 
+def _equal(r: BatchRow) -> str:
+    """``r``'s outputs equal to single-sequence ``ar``'s, of all it made (HF's padded batches are
+    compared too)."""
+    return f"{r.equal}/{r.prompts * len(r.passes_s)}"
+
+
 def _line(r: BatchRow) -> str:
     pred = f", predicted {r.predicted_tokens_per_s:.2f}" if r.predicted_tokens_per_s else ""
     if r.decode_tokens_per_s:
         pred += f" (decoding at B={r.batch}: {r.decode_tokens_per_s:.2f})"
     return (
         f"B={r.batch} {r.method:<12} {r.tokens_per_s:6.2f} tok/s ({r.ratio_vs_ar or 0:.2f}x ar){pred}, budget {r.budget}, "
-        f"MAT {r.mat:.2f}, padding rows {100 * r.padding_share:.0f}%, p50 latency {r.latency_p50_s:.1f} s, exact {r.exact}, RSS {r.rss_mb:.0f} MB, KV {r.kv_mb:.0f} MB, "
+        f"MAT {r.mat:.2f}, padding rows {100 * r.padding_share:.0f}%, p50 latency {r.latency_p50_s:.1f} s, equal {_equal(r)}, RSS {r.rss_mb:.0f} MB, KV {r.kv_mb:.0f} MB, "
         f"commit {100 * r.commit_share:.1f}%, probe steps {r.probe_steps}"
         + (f", plain starts {r.plain_starts}" if r.plain_starts else "")
     )
@@ -373,14 +386,14 @@ def write_rows(rows: Sequence[BatchRow], out: str | Path, meta: dict) -> Path:
     lines = [
         f"{meta.get('prompts', '?')} prompts, {length}.",
         "",
-        "| B | method | tok/s | x ar | passes s | predicted tok/s | decode tok/s at B | budget | probe steps | MAT | padding rows | p50 latency s | exact | RSS MB | KV MB |",
+        "| B | method | tok/s | x ar | passes s | predicted tok/s | decode tok/s at B | budget | probe steps | MAT | padding rows | p50 latency s | equal to ar | RSS MB | KV MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         pred = f"{r.predicted_tokens_per_s:.2f}" if r.predicted_tokens_per_s else ""
         lines.append(
             f"| {r.batch} | {r.method} | {r.tokens_per_s:.2f} | {r.ratio_vs_ar or 0:.3f} | {', '.join(f'{x:.1f}' for x in r.passes_s)} | {pred} | {f'{r.decode_tokens_per_s:.2f}' if r.decode_tokens_per_s else ''} | {r.budget if r.budget is not None else ''} | {r.probe_steps} | "
-            f"{r.mat:.2f} | {100 * r.padding_share:.0f}% | {r.latency_p50_s:.1f} | {r.exact} | {r.rss_mb:.0f} | {r.kv_mb:.0f} |"
+            f"{r.mat:.2f} | {100 * r.padding_share:.0f}% | {r.latency_p50_s:.1f} | {_equal(r)} | {r.rss_mb:.0f} | {r.kv_mb:.0f} |"
         )
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return out / "report.md"

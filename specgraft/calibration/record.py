@@ -30,8 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-import torch
-
 from specgraft.composers.graft import GraftComposer
 from specgraft.config import GenerationConfig
 from specgraft.drafters.base import StatelessDrafter

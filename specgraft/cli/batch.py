@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from specgraft.cli.options import DATASTORE, READER_SHAPE, int_list
+from specgraft.cli.options import BACKEND, DATASTORE, READER_SHAPE, STRICT, int_list
 
 
 def profile(
@@ -70,7 +70,7 @@ def profile(
 
 
 def bench_serve(
-    model: str = typer.Option(..., "--model", "-m", help="Target: catalog name, local directory or Hugging Face id."),
+    model: str = typer.Option(..., "--model", "-m", help="Target: catalog name, local directory, Hugging Face id or .gguf file."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model for draft-model methods."),
     methods: str = typer.Option("ar,pld,recycling", "--methods", help="Comma list of methods (ar always runs first)."),
     batch_sizes: str = typer.Option("1,2,4,8", "--batch-sizes", help="Comma list of batch sizes (max requests in flight)."),
@@ -91,7 +91,9 @@ def bench_serve(
     ),
     datastore: Optional[list[str]] = DATASTORE,
     reader_shape: Optional[str] = READER_SHAPE,
-    hf: bool = typer.Option(True, "--hf/--no-hf", help="Also run Hugging Face generate on padded batches."),
+    hf: Optional[bool] = typer.Option(
+        None, "--hf/--no-hf", help="Also run Hugging Face generate on padded batches (default: on the hf backend; llama.cpp has no such peer).",
+    ),
     bracket: bool = typer.Option(
         True, "--bracket/--no-bracket", help="Run ar again after the methods at each batch size (ar-end); ratios against the mean of both passes.",
     ),
@@ -105,10 +107,15 @@ def bench_serve(
     ),
     out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, run.json, report.md."),
     dtype: str = typer.Option("auto", "--dtype", help="auto, bfloat16, float16 or float32."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (recorded)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads, and llama.cpp's on that backend (recorded)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    backend: str = BACKEND,
+    strict: bool = STRICT,
 ) -> None:
-    """Batched throughput, latency and memory of methods at several batch sizes against batched ar and HF generate."""
+    """Batched throughput, latency and memory of methods at several batch sizes against batched ar and HF generate.
+
+    On ``--backend llamacpp`` the requests of a batch share one llama.cpp context (a sequence
+    id each), as the server runs them; Hugging Face's padded batches do not run there."""
     import torch
     from rich.console import Console
 
@@ -116,7 +123,7 @@ def bench_serve(
     from specgraft.budget.costs import CostTable
     from specgraft.bench.batched import bench_batches, resolve_warmup, write_rows
     from specgraft.bench.environment import environment
-    from specgraft.cli.options import cost_table_value, set_threads, split_paths
+    from specgraft.cli.options import cost_table_value, resolve_model_dtype, set_threads, split_paths
     from specgraft.methods import GraftOptions, MethodOptions, get_method
     from specgraft.methods.reader import reader_config, tuned_policy
     from specgraft.suites import load_suite
@@ -129,6 +136,13 @@ def bench_serve(
         if spec.needs_draft_model and not draft_model:
             raise ValueError(f"method {name} needs --draft-model")
     set_threads(threads)
+    from specgraft.models.backends import resolve_backend
+
+    backend = resolve_backend(backend, model)
+    dtype = resolve_model_dtype(dtype, device, backend)
+    if backend == "llamacpp" and hf:
+        raise ValueError("--hf: Hugging Face generate does not run a GGUF on llama.cpp; drop --hf")
+    hf = backend == "hf" if hf is None else hf
     graft = GraftOptions(draft_model=draft_model, draft_dtype=dtype, draft_quant=draft_quant) if draft_model else GraftOptions()
     # the same table gives each method's default budget (budget/defaults.py) and each batch size's
     # a bad cost table or recycling state path fails here
@@ -139,7 +153,9 @@ def bench_serve(
     for name in names:
         get_method(name).check(options)  # a missing or broken datastore, before the target loads
     tuned = {name: policy for name in names[1:] if (policy := tuned_policy(name, reader_shape)) is not None}
-    ar = SpecDecoder.from_pretrained(model, method="ar", dtype=dtype, device=device, options=options)
+    ar = SpecDecoder.from_pretrained(
+        model, method="ar", dtype=dtype, device=device, options=options, backend=backend, threads=threads, strict=strict
+    )
     decoders = {"ar": ar} | {n: ar.with_method(n) for n in names[1:]}
     path = ar.options.cost_table
     costs = CostTable.load(path) if path else None
@@ -162,8 +178,9 @@ def bench_serve(
     dtype_name = str(ar.target.dtype).replace("torch.", "")
     meta = {
         "model": model, "draft_model": draft_model, "methods": names, "batch_sizes": sizes, "suite": suite, "prompts": len(prompts),
-        "max_new_tokens": max_new_tokens, "stop_on_eos": stop_on_eos, "cost_table": str(path) if path else None, "threads": torch.get_num_threads(),
-        "device": str(ar.target.device), "dtype": dtype_name, "draft_quant": draft_quant if draft_model else None,
+        "max_new_tokens": max_new_tokens, "stop_on_eos": stop_on_eos, "cost_table": str(path) if path else None,
+        "threads": ar.target.threads if backend == "llamacpp" else torch.get_num_threads(),
+        "device": str(ar.target.device), "dtype": dtype_name, "backend": backend, "strict": strict, "draft_quant": draft_quant if draft_model else None,
         "bracket": bracket and rounds == 1, "rounds": rounds, "recycling_state": recycling_state, "warmup": warmup,
         "datastores": list(options.datastores), "reader_shape": reader_shape,
         "environment": environment(dtype_name),

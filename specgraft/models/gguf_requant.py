@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 from specgraft.models.catalog import cache_root
+from specgraft.models.gguf_header import gguf_value
 
 #: ``--draft-quant`` values the llama.cpp backend takes.
 GGUF_DRAFT_QUANTS = ("auto", "none", "q4_0", "q8_0")
@@ -66,10 +67,8 @@ def resolve_gguf_draft_quant(quant: str, source: str | os.PathLike[str]) -> str:
 
 def gguf_file_type(path: str | os.PathLike[str]) -> int | None:
     """The GGUF's ``general.file_type`` (a llama_ftype: 2 = Q4_0, 15 = Q4_K_M, ...), None without one."""
-    from gguf import GGUFReader
-
-    field = GGUFReader(os.fspath(path)).get_field("general.file_type")
-    return None if field is None else int(field.contents())
+    value = gguf_value(path, "general.file_type")
+    return None if value is None else int(value)
 
 
 def draft_gguf(source: str | os.PathLike[str], quant: str, cache_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> Path:

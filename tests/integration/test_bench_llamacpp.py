@@ -387,3 +387,33 @@ def test_cli_errors_in_one_line(ggufs, monkeypatch, capsys, tmp_path, args, mess
     assert code == 2 and err.count("\n") == 1 and message in err, err
     assert not os.path.exists(tmp_path / "o"), "nothing is written before the options are checked"
 
+
+
+def test_bench_serve_on_llamacpp(ggufs, monkeypatch, capsys, tmp_path):
+    """``bench-serve --backend llamacpp``: batches of requests in one llama.cpp context, every
+    output equal to single-sequence ``ar``'s in strict mode, no Hugging Face row, the backend and
+    llama.cpp's threads recorded; ``--hf`` is refused there in one line."""
+    from tests.helpers.cli import run_cli
+
+    monkeypatch.setenv("SPECGRAFT_CACHE", str(tmp_path / "cache"))
+    suite = tmp_path / "suite.jsonl"
+    texts = ["abc abc abc", "hello hello", "xyz"]
+    suite.write_text("".join(json.dumps({"id": f"p{i}", "task": "t", "turns": [t]}) + "\n" for i, t in enumerate(texts)))
+    out = tmp_path / "bs"
+    code, _, err = run_cli(
+        monkeypatch, capsys, "bench-serve", "--model", ggufs["target"], "--draft-model", ggufs["draft"], "--strict",
+        "--methods", "pld,draft-tree", "--batch-sizes", "1,2", "--suite", str(suite), "--max-new-tokens", "6",
+        "--threads", "1", "--out", str(out),
+    )
+    assert code == 0, err
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for b in (1, 2) for m in ("ar", "pld", "draft-tree", "ar-end")]
+    assert all(r["exact"] and r["equal"] == len(texts) and r["tokens"] == 6 * len(texts) for r in rows), "strict: every batch equals ar"
+    assert all(r["kv_mb"] > 0 for r in rows), "llama.cpp's KV cache (the draft's too) is counted"
+    assert "| equal to ar |" in (out / "report.md").read_text() and f"| {len(texts)}/{len(texts)} |" in (out / "report.md").read_text()
+    run = json.loads((out / "run.json").read_text())
+    assert (run["backend"], run["strict"], run["threads"], run["dtype"]) == ("llamacpp", True, 1, "gguf")
+    code, _, err = run_cli(
+        monkeypatch, capsys, "bench-serve", "--model", ggufs["target"], "--hf", "--suite", str(suite), "--out", str(tmp_path / "x"),
+    )
+    assert code == 2 and err.count("\n") == 1 and "Hugging Face generate does not run a GGUF on llama.cpp" in err, err
