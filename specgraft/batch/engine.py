@@ -6,7 +6,9 @@ sequences. Each :meth:`BatchEngine.step`:
 
 1. drops cancelled requests (their slots are freed now, at the step boundary);
 2. admits waiting requests while there is room: each is prefilled alone (its own forward) and
-   then decodes with the others; one expected to decode plainly (the policy's
+   then decodes with the others (one request into an empty batch with none waiting starts as
+   ``SpecEngine.start`` starts a single generation: its prompt fed in its first step's
+   forward, where its drafters allow); one expected to decode plainly (the policy's
    ``speculating``), or whose remaining tokens cannot repay its drafters' optional prefill
    work (``prefill_pays``: Token Recycling's prompt top-k), skips that work;
 3. runs one speculative step for every running sequence with one target forward
@@ -94,6 +96,9 @@ class BatchStepStats:
     probe_steps: int = 0
     """Steps in which one sequence drafted while the batch decoded plainly (the policy's
     warm-up and exploration, :class:`~specgraft.budget.policy.StepPlan`)."""
+    fused_steps: int = 0
+    """Steps that fed a request's prompt (one started alone, fused as ``SpecEngine.start`` does):
+    left out of what the policy learns of steps and forwards, and of :attr:`decode_by_batch`."""
     split_steps: int = 0
     """Steps run as two forwards, the drafting sequences apart from the plain ones
     (``BudgetPolicy.split_pays``)."""
@@ -202,19 +207,24 @@ class BatchEngine:
         if self.running:
             ids = list(self.running)
             seqs = [self.running[i] for i in ids]
+            # a step that feeds a fused start's prompt is mostly prefill: what the policy learns of
+            # steps, forwards and decode rates leaves it out (as catch-ups)
+            fused = any(s.unfilled for s in seqs)
             plan = self.policy.plan(len(seqs), [s.config.budget for s in seqs], keys=ids)
             self.stats.budget_by_batch[len(seqs)] = plan.cap if plan.cap is not None else max(s.config.budget for s in seqs)
             t_run = time.perf_counter()
             emitted = self._run_step(seqs, plan)
             run_s = time.perf_counter() - t_run - sum(s.last_catch_up[1] for s in seqs)
             n_emitted = sum(map(len, emitted))
-            self.policy.observe_step(len(seqs), any(s.last_budget > 0 for s in seqs), n_emitted, run_s)
-            decode = self.stats.decode_by_batch.setdefault(len(seqs), [0, 0.0])
-            decode[0] += n_emitted
-            decode[1] += run_s
+            if not fused:
+                self.policy.observe_step(len(seqs), any(s.last_budget > 0 for s in seqs), n_emitted, run_s)
+                decode = self.stats.decode_by_batch.setdefault(len(seqs), [0, 0.0])
+                decode[0] += n_emitted
+                decode[1] += run_s
             self.stats.steps += 1
+            self.stats.fused_steps += fused
             self.stats.sequence_steps += len(seqs)
-            forwards = {id(s.last_forward): s.last_forward for s in seqs if s.last_forward is not None}
+            forwards = {} if fused else {id(s.last_forward): s.last_forward for s in seqs if s.last_forward is not None}
             for f in forwards.values():
                 self.policy.observe_forward(f.batch, f.rows, f.seconds)
                 self.stats.rows_fed += f.batch * f.rows
@@ -309,7 +319,14 @@ class BatchEngine:
                     break
             if not joining:
                 break
-            started = self.engine.start_many([(r.prompt, r.config, speculative) for r, speculative, _ in joining])
+            # one request into an empty batch, with none behind it: it starts as `generate` starts
+            # (its prompt fed in its first step's forward, ``SpecEngine.start``), one forward fewer
+            # and, on llama.cpp, the same rows in the same batch shapes as alone; it steps alone
+            alone = len(joining) == 1 and not self.running and not self._waiting
+            if alone:
+                started = [self._start_alone(*joining[0][:2])]
+            else:
+                started = self.engine.start_many([(r.prompt, r.config, speculative) for r, speculative, _ in joining])
             for (request, _, repays), seq in zip(joining, started):
                 if not isinstance(seq, SequenceState):  # e.g. out of memory for the cache
                     events.append(BatchEvent(request.request_id, [], finished=True, finish_reason="error", error=str(seq)))
@@ -323,7 +340,17 @@ class BatchEngine:
                 self.running[request.request_id] = seq
                 if seq.done:  # max_new_tokens == 0
                     events.append(self._retire(request.request_id, []))
+            if alone:
+                break  # a later request is prefilled apart at the next step, not fused beside this one
         return events
+
+    def _start_alone(self, request: _Request, speculative: bool) -> SequenceState | ValueError | RuntimeError:
+        """``SpecEngine.start`` (its prompt fused into the first step where its drafters allow),
+        or the error that refused it, as ``start_many`` returns it."""
+        try:
+            return self.engine.start(request.prompt, request.config, speculative)
+        except (ValueError, RuntimeError) as e:
+            return e
 
     def _speculative_start(self, request: _Request, size: int) -> tuple[bool, bool]:
         """``(speculative, repays)`` for ``request`` joining a batch of ``size``. It starts with

@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
+import torch  # noqa: F401  (the doctests')
+
 from specgraft.composers.graft import GraftComposer
 from specgraft.config import GenerationConfig
 from specgraft.drafters.base import StatelessDrafter

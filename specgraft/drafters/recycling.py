@@ -27,7 +27,7 @@ import torch
 
 from specgraft.config import GenerationConfig
 from specgraft.drafters.base import Learning, StatelessDrafter
-from specgraft.tree.templates import FULL_ENVELOPE, RankTemplate, scale_template
+from specgraft.tree.templates import FULL_ENVELOPE, RankTemplate, rank_template, scale_template  # noqa: F401  (rank_template: the doctests')
 from specgraft.types import Draft, PrefillOutput, PrefillRequest, StepResult, reindex
 
 

@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--draft-depth", type=int, default=None)
     ap.add_argument("--draft-top-k", type=int, default=None)
     ap.add_argument("--draft-row-cost", type=float, default=None)
+    ap.add_argument("--draft-extend-min", type=float, default=None)
     ap.add_argument("--strict", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -42,7 +43,7 @@ def main() -> None:
     torch.set_num_threads(args.torch_threads)
     graft = GraftOptions(
         draft_model=args.draft_model, preset=args.preset, extend=args.draft_extend, depth=args.draft_depth,
-        top_k=args.draft_top_k, row_cost=args.draft_row_cost,
+        top_k=args.draft_top_k, row_cost=args.draft_row_cost, extend_min=args.draft_extend_min,
     )
     options = MethodOptions(graft=graft)
     methods = args.methods.split(",")

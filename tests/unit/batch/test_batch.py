@@ -113,6 +113,42 @@ def record_prefills(monkeypatch, target: HFTarget) -> list[PrefillRequest]:
     return requested
 
 
+@pytest.mark.parametrize("method", ["ar", "draft-tree"])
+def test_a_request_alone_starts_as_a_single_generation(monkeypatch, method):
+    """One request into an empty batch with none waiting starts as ``generate`` does: its prompt
+    is fed in its first step's forward (no target prefill of its own), and that step stays out
+    of the policy's step and forward observations and of ``decode_by_batch``. Requests that join
+    together or beside a running one are prefilled apart. The outputs are ``ar``'s either way."""
+
+    class Recording(FixedBudget):
+        def __init__(self):
+            self.steps, self.forwards = [], []
+
+        def observe_step(self, batch_size, drafted, tokens, seconds):
+            self.steps.append(batch_size)
+
+        def observe_forward(self, batch_size, rows, seconds):
+            self.forwards.append(rows)
+
+    model, target, requests, expected = ar_requests(3)
+    engine = build(target, method, perturbed(model))
+    prefills = record_prefills(monkeypatch, target)
+    policy = Recording()
+    batch = BatchEngine(engine, max_batch=2, policy=policy)
+    rid = batch.submit(*requests[0])
+    first = batch.step()
+    assert prefills == [] and batch.stats.fused_steps == 1, "the prompt went in with the first step"
+    assert policy.steps == [] and policy.forwards == [] and batch.stats.decode_by_batch == {}
+    assert first[0].tokens == expected["0"][: len(first[0].tokens)]
+    # two more: one joins the running request, the other waits; neither is fused
+    ids = {rid: "0", batch.submit(*requests[1]): "1", batch.submit(*requests[2]): "2"}
+    got = {k: v.tokens for k, v in batch.run_to_completion().items()}
+    got[rid] = first[0].tokens + got[rid]
+    assert {ids[k]: v for k, v in got.items()} == expected
+    assert len(prefills) == 2 and batch.stats.fused_steps == 1
+    assert len(policy.steps) == batch.stats.steps - 1 and max(policy.forwards) <= 1 + 16, "no prompt-long forward observed"
+
+
 def test_a_plainly_decoding_batch_does_no_drafting_work(monkeypatch):
     """The full fallback: at budget 0 the draft model never runs (not even its slot and prefill,
     deferred to a first proposal that never comes) and Token Recycling's prompt top-k is not
@@ -503,8 +539,8 @@ def test_a_veto_at_batch_size_one_ends_with_its_request():
 
 
 def test_the_engine_reports_each_step_realized():
-    """``observe_step`` gets every batched step: the tokens it emitted (all of them, over the
-    run), whether a sequence drafted, and seconds that leave out catch-up prefills."""
+    """``observe_step`` gets every batched step but those that fed a fused start's prompt: the
+    tokens it emitted, whether a sequence drafted, and seconds that leave out catch-up prefills."""
 
     class Recording(RandomCap):
         def __init__(self):
@@ -521,8 +557,9 @@ def test_the_engine_reports_each_step_realized():
     batch = BatchEngine(engine, max_batch=3, policy=policy)
     requests = [(p, GenerationConfig(max_new_tokens=16, budget=8)) for p, _ in make_prompts(n=5, vocab=model.config.vocab_size)]
     run_schedule(batch, requests, random.Random(2))
-    assert len(policy.steps) == batch.stats.steps
-    assert sum(t for _, _, t, _ in policy.steps) == batch.stats.tokens
+    assert batch.stats.fused_steps >= 1, "the first request started alone"
+    assert len(policy.steps) == batch.stats.steps - batch.stats.fused_steps, "every step but those that fed a prompt"
+    assert sum(t for _, _, t, _ in policy.steps) <= batch.stats.tokens
     assert {d for _, d, _, _ in policy.steps} == {True, False}
     assert all(1 <= b <= 3 and s >= 0 for b, _, _, s in policy.steps)
     assert all(t <= b for b, d, t, _ in policy.steps if not d), "a plain step emits at most one token a sequence"
