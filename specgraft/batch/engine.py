@@ -6,9 +6,9 @@ sequences. Each :meth:`BatchEngine.step`:
 
 1. drops cancelled requests (their slots are freed now, at the step boundary);
 2. admits waiting requests while there is room: each is prefilled alone (its own forward) and
-   then decodes with the others (one request into an empty batch with none waiting starts as
-   ``SpecEngine.start`` starts a single generation: its prompt fed in its first step's
-   forward, where its drafters allow); one expected to decode plainly (the policy's
+   then decodes with the others (one request into an empty batch that nothing else joins this
+   step, none waiting or ``max_batch`` 1, starts as ``SpecEngine.start`` starts a single
+   generation: its prompt fed in its first step's forward, where its drafters allow); one expected to decode plainly (the policy's
    ``speculating``), or whose remaining tokens cannot repay its drafters' optional prefill
    work (``prefill_pays``: Token Recycling's prompt top-k), skips that work;
 3. runs one speculative step for every running sequence with one target forward
@@ -319,10 +319,12 @@ class BatchEngine:
                     break
             if not joining:
                 break
-            # one request into an empty batch, with none behind it: it starts as `generate` starts
-            # (its prompt fed in its first step's forward, ``SpecEngine.start``), one forward fewer
-            # and, on llama.cpp, the same rows in the same batch shapes as alone; it steps alone
-            alone = len(joining) == 1 and not self.running and not self._waiting
+            # one request into an empty batch that nothing else can join this step (none waiting,
+            # or room for one only): it starts as `generate` starts (its prompt fed in its first
+            # step's forward where its drafters allow, ``SpecEngine.start``), one forward fewer
+            # and, on llama.cpp, the same rows in the same batch shapes as alone; it steps alone.
+            # That step still takes the policy's plan (its counters move), but is not observed.
+            alone = len(joining) == 1 and not self.running and (self.max_batch == 1 or not self._waiting)
             if alone:
                 started = [self._start_alone(*joining[0][:2])]
             else:

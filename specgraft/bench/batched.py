@@ -124,7 +124,7 @@ def rss_mb() -> float:
 
 def kv_mb(*adapters: Any) -> float:
     """Bytes held by the slot caches' key and value buffers, MB (a llama.cpp model's: its
-    context's KV cache, ``kv_bytes``)."""
+    context's KV cache as ``kv_bytes`` estimates it)."""
     total = 0
     for a in adapters:
         total += getattr(a, "kv_bytes", 0)

@@ -236,7 +236,7 @@ class LlamaCppTarget:
         self._mem = llama.llama_get_memory(self._ctx)
         self.n_ctx = int(llama.llama_n_ctx(self._ctx))
         self.max_positions: int = self.n_ctx
-        # the KV cache: each layer's keys and values of n_ctx cells, float16 (the context's default)
+        # the KV cache (an estimate: every layer's keys and values of n_ctx cells, heads n_embd / n_head wide, float16)
         heads, kv_heads = llama.llama_model_n_head(self._model), llama.llama_model_n_head_kv(self._model)
         self.kv_bytes = 2 * 2 * self.n_ctx * llama.llama_model_n_layer(self._model) * llama.llama_model_n_embd(self._model) // heads * kv_heads
         self.n_batch = n_batch

@@ -147,6 +147,11 @@ def test_a_request_alone_starts_as_a_single_generation(monkeypatch, method):
     assert {ids[k]: v for k, v in got.items()} == expected
     assert len(prefills) == 2 and batch.stats.fused_steps == 1
     assert len(policy.steps) == batch.stats.steps - 1 and max(policy.forwards) <= 1 + 16, "no prompt-long forward observed"
+    # one at a time (max_batch 1): every request starts fused, queue or not
+    single = BatchEngine(engine, max_batch=1, policy=FixedBudget())
+    ids = {single.submit(p, c): str(i) for i, (p, c) in enumerate(requests)}
+    got = {ids[k]: v.tokens for k, v in single.run_to_completion().items()}
+    assert got == expected and single.stats.fused_steps == len(requests) and len(prefills) == 2
 
 
 def test_a_plainly_decoding_batch_does_no_drafting_work(monkeypatch):

@@ -43,7 +43,7 @@ def test_every_value_type(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    # each key read past every other (skipped) value, in either order
+    # each key read past every value before it (skipped)
     for key, (_, value) in values.items():
         assert gguf_value(path, key) == value, key
 
