@@ -558,13 +558,24 @@ def test_the_engine_reports_each_step_realized():
     model = TINY_MODELS["llama"]()
     target = HFTarget(model)
     engine = build(target, "draft-tree", perturbed(model))
+    fused_tokens = []  # tokens emitted by the steps that fed a fused start's prompt (one sequence, one call)
+    step_batch = engine.step_batch
+
+    def recording_step_batch(seqs, budget=None):
+        fed = any(seq.unfilled for seq in seqs)
+        emitted = step_batch(seqs, budget)
+        if fed:
+            fused_tokens.append(sum(map(len, emitted)))
+        return emitted
+
+    engine.step_batch = recording_step_batch
     policy = Recording()
     batch = BatchEngine(engine, max_batch=3, policy=policy)
     requests = [(p, GenerationConfig(max_new_tokens=16, budget=8)) for p, _ in make_prompts(n=5, vocab=model.config.vocab_size)]
     run_schedule(batch, requests, random.Random(2))
-    assert batch.stats.fused_steps >= 1, "the first request started alone"
+    assert batch.stats.fused_steps == len(fused_tokens) >= 1, "the first request started alone"
     assert len(policy.steps) == batch.stats.steps - batch.stats.fused_steps, "every step but those that fed a prompt"
-    assert sum(t for _, _, t, _ in policy.steps) <= batch.stats.tokens
+    assert sum(t for _, _, t, _ in policy.steps) + sum(fused_tokens) == batch.stats.tokens
     assert {d for _, d, _, _ in policy.steps} == {True, False}
     assert all(1 <= b <= 3 and s >= 0 for b, _, _, s in policy.steps)
     assert all(t <= b for b, d, t, _ in policy.steps if not d), "a plain step emits at most one token a sequence"
