@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from specgraft.batch import BatchEngine
 from specgraft.budget.costs import CostTable, resolve_cost_table
@@ -37,6 +37,9 @@ from specgraft.models.loading import load_causal_lm, load_draft_model
 from specgraft.models.quant import draft_numerics
 from specgraft.models.resolve import load_errors, resolve_model
 from specgraft.types import GenerationStats
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass

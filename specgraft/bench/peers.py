@@ -19,14 +19,16 @@ Example::
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
-from transformers import PreTrainedModel
 
 from specgraft.bench.contract import MethodRun, until_eos
 from specgraft.models.base import synchronize
 from specgraft.models.device import attention_backends
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PROMPT_LOOKUP_NUM_TOKENS = 10
 

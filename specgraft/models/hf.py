@@ -27,11 +27,10 @@ materialising ``[prompt_len, vocab]`` at once.
 from __future__ import annotations
 
 import time
-from typing import Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel
 
 from specgraft.cache.slots import SlotCache
 from specgraft.models.base import synchronize
@@ -43,6 +42,10 @@ from specgraft.models.device import attention_backends
 from specgraft.models.inputs import TreeInputs
 from specgraft.models.loading import cache_kwarg, check_tree_attention, load_causal_lm
 from specgraft.models.options import TargetOptions
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class HFTarget(TreeInputs):
     """Wraps an ``AutoModelForCausalLM`` with a :class:`SlotCache` (one slot per sequence).

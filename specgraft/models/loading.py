@@ -19,7 +19,6 @@ import weakref
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from specgraft.models.attention import PACKED_SDPA, attention_implementation
 from specgraft.models.device import parse_dtype
@@ -30,7 +29,7 @@ from specgraft.models.resolve import load_errors, resolve_model
 
 if TYPE_CHECKING:
     from torch import nn
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 #: Attention implementations that apply a 4-D additive mask as given (FlashAttention-2/3 read
 #: it as a padding mask, flex attention needs a BlockMask, paged kernels ignore it).
@@ -49,6 +48,10 @@ def load_causal_lm(
     ``models/attention.py``), + the q/k/v and gate/up projections fused (``models/fusion.py``;
     ``fuse``: default ``fast_kernels``, on any device) and, on CPU,
     oneDNN linears (``models/kernels.py``)."""
+    # here, not at the top: transformers' model classes take ~2.5 s to import, which a process on
+    # the llama.cpp backend never needs (tests/unit/test_imports.py)
+    from transformers import AutoModelForCausalLM
+
     device = torch.device(device)
     model = AutoModelForCausalLM.from_pretrained(
         name_or_path, dtype=parse_dtype(dtype, device), device_map=str(device), attn_implementation=attention_implementation(device)
