@@ -8,7 +8,10 @@ buffers with ``malloc`` and do not ask. :func:`advise_huge_pages` asks for them:
 anonymous, writable mapping of at least ``min_bytes`` in ``/proc/self/maps`` it calls
 ``madvise(MADV_HUGEPAGE)``, then ``madvise(MADV_COLLAPSE)`` (Linux 6.1+), which moves the pages
 into huge pages now instead of leaving that to ``khugepaged``. Nothing changes numerically:
-only the page size under the same bytes.
+only the page size under the same bytes. The collapse copies every page (2-4 s for a 1 GB model
+on two cores); a llama.cpp built by ``python -m specgraft.models.llamacpp_build --install`` asks
+for huge pages when it allocates its buffers (``llamacpp_huge_pages.inc``), so their pages are
+huge from the start and the collapse has nothing left to do.
 
 Measured (a 2-core VM, THP ``madvise``, llama.cpp, Qwen2.5-Coder-1.5B Q4_K_M, 128 one-row
 steps): 13.1-13.4 tokens/s with 4 KiB pages, 16.7-17.2 tokens/s with the weights in huge pages
@@ -26,9 +29,10 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 MADV_HUGEPAGE = 14
@@ -108,30 +112,72 @@ def anon_huge_bytes() -> int:
     return 0
 
 
-def large_anonymous_mappings(maps: str, min_bytes: int = MIN_BYTES) -> list[tuple[int, int]]:
-    """``(start, length)`` of every private, writable, anonymous mapping of at least ``min_bytes``
-    in a ``/proc/<pid>/maps`` text.
+@dataclass(frozen=True)
+class Mapping:
+    """One anonymous mapping of the process: where it starts, its length, and (from ``smaps``)
+    how much of it is resident and how much of that in huge pages (None: not known)."""
 
-    >>> maps = '''7f0000000000-7f0040000000 rw-p 00000000 00:00 0
+    start: int
+    length: int
+    resident: int | None = None
+    huge: int | None = None
+
+    @property
+    def needs_collapse(self) -> bool:
+        """Whether resident 4 KiB pages would fill a huge page: none where the memory is untouched
+        (its first touch takes huge pages once advised) or already huge (a llama.cpp that asked for
+        them when it allocated: ``llamacpp_huge_pages.inc``)."""
+        if self.resident is None or self.huge is None:
+            return True
+        # the parts before the first and after the last 2 MiB boundary cannot be huge pages
+        interior = max(0, (self.start + self.length) // HUGE_PAGE * HUGE_PAGE - -(-self.start // HUGE_PAGE) * HUGE_PAGE)
+        return self.resident - self.huge > self.length - interior
+
+
+def large_anonymous_mappings(smaps: str, min_bytes: int = MIN_BYTES) -> list[Mapping]:
+    """Every private, writable, anonymous mapping of at least ``min_bytes`` in a
+    ``/proc/<pid>/smaps`` text (a ``maps`` text gives the same mappings, their residency unknown).
+
+    >>> smaps = '''7f0000000000-7f0040000000 rw-p 00000000 00:00 0
+    ... Rss:              524288 kB
+    ... AnonHugePages:    520192 kB
     ... 7f0040000000-7f0040001000 rw-p 00000000 00:00 0
     ... 7f0050000000-7f0090000000 r--p 00000000 08:01 42  /models/m.gguf
     ... 55d000000000-55d004000000 rw-p 00000000 00:00 0   [heap]
+    ... Rss:               65536 kB
+    ... AnonHugePages:         0 kB
     ... 7ffd00000000-7ffd04000000 rw-p 00000000 00:00 0   [stack]'''
-    >>> [(hex(a), n >> 20) for a, n in large_anonymous_mappings(maps)]
-    [('0x7f0000000000', 1024), ('0x55d000000000', 64)]
+    >>> [(hex(m.start), m.length >> 20, m.resident >> 20, m.huge >> 20, m.needs_collapse) for m in large_anonymous_mappings(smaps)]
+    [('0x7f0000000000', 1024, 512, 508, True), ('0x55d000000000', 64, 64, 0, True)]
+    >>> edges = Mapping(start=(1 << 30) + (1 << 20), length=148 << 20, resident=148 << 20, huge=146 << 20)
+    >>> edges.needs_collapse  # 1 MiB before the first 2 MiB boundary, 1 MiB after the last
+    False
+    >>> large_anonymous_mappings("7f0000000000-7f0040000000 rw-p 00000000 00:00 0")[0].needs_collapse
+    True
     """
-    out = []
-    for line in maps.splitlines():
+    out: list[Mapping] = []
+    inside = False  # whether the field lines that follow belong to the last mapping kept
+    for line in smaps.splitlines():
         fields = line.split()
-        if len(fields) < 5 or not fields[1].startswith("rw") or not fields[1].endswith("p"):
-            continue
-        name = fields[5] if len(fields) > 5 else ""
-        if name not in ("", "[heap]"):
-            continue
-        start, end = (int(x, 16) for x in fields[0].split("-"))
-        if end - start >= min_bytes:
-            out.append((start, end - start))
+        if _MAPPING_LINE.match(line):
+            inside = False
+            name = fields[5] if len(fields) > 5 else ""
+            if not fields[1].startswith("rw") or not fields[1].endswith("p") or name not in ("", "[heap]"):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if end - start >= min_bytes:
+                out.append(Mapping(start, end - start))
+                inside = True
+        elif inside and len(fields) >= 2 and fields[0] in _SMAPS_FIELDS:
+            out[-1] = replace(out[-1], **{_SMAPS_FIELDS[fields[0]]: int(fields[1]) * 1024})
     return out
+
+
+#: A mapping's first line in ``maps`` / ``smaps``: its address range, permissions, offset...
+_MAPPING_LINE = re.compile(r"[0-9a-f]+-[0-9a-f]+\s+\S{4}\s")
+
+#: The ``smaps`` fields :class:`Mapping` keeps (kB).
+_SMAPS_FIELDS = {"Rss:": "resident", "AnonHugePages:": "huge"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -149,17 +195,20 @@ def advise_huge_pages(min_bytes: int = MIN_BYTES) -> HugePageReport:
     if not enabled():
         return HugePageReport(note="off" if os.environ.get(ENV) == "0" else f"not available (THP {thp_mode() or 'unknown'})")
     try:
-        mappings = large_anonymous_mappings(Path("/proc/self/maps").read_text(), min_bytes)
+        mappings = large_anonymous_mappings(Path("/proc/self/smaps").read_text(), min_bytes)
         madvise = _madvise()
     except (OSError, AttributeError) as e:
         return HugePageReport(note=f"not available ({e})")
     t0 = time.perf_counter()
     before = anon_huge_bytes()
     advised = 0
-    for start, length in mappings:
+    for mapping in mappings:
+        start, length = mapping.start, mapping.length
         if madvise(start, length, MADV_HUGEPAGE) != 0:
             continue
         advised += length
+        if not mapping.needs_collapse:
+            continue
         # one huge page at a time: the kernel stops a ranged collapse at the first page it cannot
         # take (a mapping merged with one it may not collapse), which would leave the rest in
         # 4 KiB pages. Best effort: EINVAL before Linux 6.1, EAGAIN when memory is short.

@@ -32,6 +32,12 @@ downloads llama-cpp-python's source, adds them (:func:`patch_source`) and builds
 flags; ``--patch DIR`` adds them to a llama.cpp checkout (to build llama.cpp's own programs the
 same way). Plain one-row decoding is unchanged.
 
+Every build also gets **huge pages asked for at allocation** (``llamacpp_huge_pages.inc``, Linux):
+ggml allocates its weight and KV buffers without asking for transparent huge pages, and
+:mod:`specgraft.models.hugepages` collapses them after loading, which copies every page (~2-4 s
+for a 1.5B Q4_K_M on two cores). Asked for before the weights are read in, the reads' page
+faults take huge pages at once and loading takes about as long as without them.
+
 Print the flags, or build and install llama-cpp-python with them::
 
     python -m specgraft.models.llamacpp_build            # the CMAKE_ARGS for this CPU
@@ -55,6 +61,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from specgraft import machine
@@ -92,16 +99,56 @@ LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 #: Where ggml's AMX matrix products live in a llama.cpp source tree.
 MMQ = Path("ggml/src/ggml-cpu/amx/mmq.cpp")
 
-#: ``(anchor, what replaces it)`` for :func:`patch_source`: the kernels before ggml's entry point,
-#: the call once every thread has quantized its rows of activations (after the barrier).
+#: The huge-page advice :func:`patch_source` adds to every build (module docstring).
+HUGE_PAGES = Path(__file__).with_name("llamacpp_huge_pages.inc")
+
+#: Where ggml allocates its buffers in a llama.cpp source tree.
+GGML_C = Path("ggml/src/ggml.c")
+
+
+@dataclass(frozen=True)
+class SourcePatch:
+    """One file of llama.cpp's source that :func:`patch_source` changes: ``include`` is copied
+    beside it, and each ``(anchor, replacement)`` of ``edits`` replaces text found exactly once.
+    ``marker`` is text that only a patched file holds."""
+
+    path: Path
+    include: Path
+    marker: str
+    edits: tuple[tuple[str, str], ...]
+
+
 _ENTRY = "void ggml_backend_amx_mul_mat(const ggml_compute_params * params, struct ggml_tensor * dst) {\n"
 _BARRIER = "    ggml_barrier(params->threadpool);\n\n"
 _ONE_ROW = "    if (M == 1) {\n"
-MMQ_EDITS = (
-    (_ENTRY, f'#include "{AMX_ROWS.name}"  // added by specgraft\n\n' + _ENTRY),
-    (
-        _BARRIER + _ONE_ROW,
-        _BARRIER + "    if (specgraft_rows::mul_mat(params, src0, dst, wdata)) {  // added by specgraft\n        return;\n    }\n\n" + _ONE_ROW,
+_MALLOC = "void * ggml_aligned_malloc(size_t size) {\n"
+_RETURN = "    return aligned_memory;\n#endif\n}\n"
+
+#: The small-batch kernels (AMX builds only: they compile where ``GGML_AMX_INT8`` is on): before
+#: ggml's entry point, and the call once every thread has quantized its rows of activations
+#: (after the barrier). The huge-page advice (every build, Linux only): before ggml's allocator,
+#: and the call before it returns a buffer.
+PATCHES = (
+    SourcePatch(
+        MMQ,
+        AMX_ROWS,
+        "specgraft_rows::",
+        (
+            (_ENTRY, f'#include "{AMX_ROWS.name}"  // added by specgraft\n\n' + _ENTRY),
+            (
+                _BARRIER + _ONE_ROW,
+                _BARRIER + "    if (specgraft_rows::mul_mat(params, src0, dst, wdata)) {  // added by specgraft\n        return;\n    }\n\n" + _ONE_ROW,
+            ),
+        ),
+    ),
+    SourcePatch(
+        GGML_C,
+        HUGE_PAGES,
+        "specgraft_advise_huge_pages(",
+        (
+            (_MALLOC, f'#include "{HUGE_PAGES.name}"  // added by specgraft\n\n' + _MALLOC),
+            (_RETURN, "    specgraft_advise_huge_pages(aligned_memory, size);  // added by specgraft\n" + _RETURN),
+        ),
     ),
 )
 
@@ -140,35 +187,41 @@ def cmake_args(flags: set[str] | frozenset[str] | None = None, amx: bool = True)
 
 
 def patch_source(root: str | Path) -> bool:
-    """Add the small-batch AMX kernels to the llama.cpp source tree at ``root`` (a checkout, or
-    llama-cpp-python's ``vendor/llama.cpp``): the kernel file beside ``mmq.cpp`` and two insertions
-    in it. True if it patched, False if ``mmq.cpp`` already had the insertions (the kernel file is
-    written again either way, so a tree patched by an older specgraft gets today's kernels).
-    Raises ``ValueError`` where ``mmq.cpp`` is missing or an anchor is not found exactly once
-    (another llama.cpp version: nothing is changed then).
+    """Add specgraft's changes to the llama.cpp source tree at ``root`` (a checkout, or
+    llama-cpp-python's ``vendor/llama.cpp``): for each of :data:`PATCHES`, its file copied beside
+    the file it changes and its insertions there. True if it changed a file, False if every file
+    already had its insertions (the included files are written again either way, so a tree
+    patched by an older specgraft gets today's kernels, and one patched before the huge-page
+    advice gets it). Raises ``ValueError`` where a file is missing or an anchor is not found
+    exactly once (another llama.cpp version: nothing is changed then).
 
-    The kernels only compile in builds with AMX (``GGML_AMX_INT8``); elsewhere the tree builds as
-    before.
+    The small-batch kernels only compile in builds with AMX (``GGML_AMX_INT8``); elsewhere the
+    tree builds as before, with the huge-page advice.
     """
-    mmq = Path(root) / MMQ
-    if not mmq.is_file():
-        raise ValueError(f"{mmq} not found: not a llama.cpp source tree")
-    text = mmq.read_text()
-    patched = "specgraft_rows::" in text
-    if not patched:
-        for anchor, replacement in MMQ_EDITS:
+    texts: dict[Path, str] = {}
+    for patch in PATCHES:
+        file = Path(root) / patch.path
+        if not file.is_file():
+            raise ValueError(f"{file} not found: not a llama.cpp source tree")
+        text = file.read_text()
+        if patch.marker in text:
+            continue
+        for anchor, replacement in patch.edits:
             if text.count(anchor) != 1:
                 found = text.count(anchor)
-                raise ValueError(f"{mmq}: expected one {anchor.strip()!r}, found {found}; the kernels were written for the llama.cpp of {LLAMA_CPP_PYTHON}")
+                raise ValueError(f"{file}: expected one {anchor.strip()!r}, found {found}; the patch was written for the llama.cpp of {LLAMA_CPP_PYTHON}")
             text = text.replace(anchor, replacement)
-    (mmq.parent / AMX_ROWS.name).write_text(AMX_ROWS.read_text())
-    if not patched:
-        mmq.write_text(text)
-    return not patched
+        texts[file] = text
+    for patch in PATCHES:
+        file = Path(root) / patch.path
+        (file.parent / patch.include.name).write_text(patch.include.read_text())
+        if file in texts:
+            file.write_text(texts[file])
+    return bool(texts)
 
 
 def install(amx: bool = True, pip: tuple[str, ...] = (sys.executable, "-m", "pip")) -> None:
-    """Download llama-cpp-python's source, add the small-batch kernels, and build and install it
+    """Download llama-cpp-python's source, add specgraft's changes (:func:`patch_source`), and build and install it
     with :func:`cmake_args` (pip's output shows the build; ~3-4 minutes on two cores)."""
     with tempfile.TemporaryDirectory(prefix="specgraft-llamacpp-") as tmp:
         print(f"downloading {LLAMA_CPP_PYTHON} (source)", flush=True)
@@ -189,8 +242,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Print the CMAKE_ARGS that build llama.cpp for this CPU, or build llama-cpp-python with them.")
     parser.add_argument("--no-amx", action="store_true", help="leave AMX off even where the CPU has it")
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--install", action="store_true", help=f"download {LLAMA_CPP_PYTHON}, add the small-batch AMX kernels, build and install it")
-    action.add_argument("--patch", metavar="DIR", help="add the small-batch AMX kernels to the llama.cpp source tree DIR and exit")
+    action.add_argument("--install", action="store_true", help=f"download {LLAMA_CPP_PYTHON}, add the small-batch AMX kernels and the huge-page advice, build and install it")
+    action.add_argument("--patch", metavar="DIR", help="add the small-batch AMX kernels and the huge-page advice to the llama.cpp source tree DIR and exit")
     args = parser.parse_args()
     if args.install:
         install(amx=not args.no_amx)

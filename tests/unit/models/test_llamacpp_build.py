@@ -1,13 +1,16 @@
-"""The CMake flags that build llama.cpp, the GCC fix an AMX build carries, and the small-batch
-AMX kernels :func:`patch_source` adds to llama.cpp's source."""
+"""The CMake flags that build llama.cpp, the GCC fix an AMX build carries, and what
+:func:`patch_source` adds to llama.cpp's source: the small-batch AMX kernels, and huge pages asked
+for when ggml allocates a buffer."""
 
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 from specgraft import machine
-from specgraft.models.llamacpp_build import AMX_HEADER, AMX_ROWS, LLAMA_CPP_PYTHON, MMQ, cmake_args, patch_source
+from specgraft.models.llamacpp_build import AMX_HEADER, AMX_ROWS, GGML_C, HUGE_PAGES, LLAMA_CPP_PYTHON, MMQ, cmake_args, patch_source
 
 AVX512 = {"avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512_vnni", "avx512_bf16"}
 
@@ -82,30 +85,126 @@ void ggml_backend_amx_mul_mat(const ggml_compute_params * params, struct ggml_te
 """
 
 
-def test_patch_source_adds_the_kernels_once(tmp_path):
-    mmq = tmp_path / MMQ
-    mmq.parent.mkdir(parents=True)
-    mmq.write_text(MMQ_TEXT)
+# the part of ggml's ggml.c the patch anchors on, as in llama-cpp-python 0.3.36
+GGML_C_TEXT = """void * ggml_aligned_malloc(size_t size) {
+    void * aligned_memory = NULL;
+#if defined(_MSC_VER)
+    return _aligned_malloc(size, alignment);
+#else
+    int result = posix_memalign(&aligned_memory, alignment, size);
+    if (result != 0) {
+        return NULL;
+    }
+    return aligned_memory;
+#endif
+}
+
+void ggml_aligned_free(void * ptr, size_t size) {
+}
+"""
+
+
+def write_tree(root, mmq_text=MMQ_TEXT, ggml_c_text=GGML_C_TEXT):
+    for path, text in ((MMQ, mmq_text), (GGML_C, ggml_c_text)):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+    return root / MMQ, root / GGML_C
+
+
+def test_patch_source_adds_the_kernels_and_the_huge_pages_once(tmp_path):
+    mmq, ggml_c = write_tree(tmp_path)
     assert patch_source(tmp_path) is True
-    text = mmq.read_text()
-    assert (mmq.parent / AMX_ROWS.name).read_text() == AMX_ROWS.read_text()
+    for file, include in ((mmq, AMX_ROWS), (ggml_c, HUGE_PAGES)):
+        assert (file.parent / include.name).read_text() == include.read_text()
+    text, ggml_text = mmq.read_text(), ggml_c.read_text()
     include, entry = text.index(f'#include "{AMX_ROWS.name}"'), text.index("void ggml_backend_amx_mul_mat(")
     call, barrier, one_row = text.index("specgraft_rows::mul_mat(params, src0, dst, wdata)"), text.index("ggml_barrier"), text.index("if (M == 1)")
     assert text.index("ggml_batch_offset") < include < entry < barrier < call < one_row, "the kernels see ggml's helpers; the call runs once every row is quantized"
+    include, entry = ggml_text.index(f'#include "{HUGE_PAGES.name}"'), ggml_text.index("void * ggml_aligned_malloc(")
+    failure, call, ret = ggml_text.index("return NULL;"), ggml_text.index("specgraft_advise_huge_pages(aligned_memory, size);"), ggml_text.index("return aligned_memory;")
+    assert include < entry < failure < call < ret < ggml_text.index("void ggml_aligned_free("), "only a buffer that was allocated is advised"
     (mmq.parent / AMX_ROWS.name).write_text("// an older specgraft's kernels")
-    assert patch_source(tmp_path) is False and mmq.read_text() == text, "a second patch leaves mmq.cpp as it was"
+    assert patch_source(tmp_path) is False and mmq.read_text() == text and ggml_c.read_text() == ggml_text, "a second patch leaves the files as they were"
     assert (mmq.parent / AMX_ROWS.name).read_text() == AMX_ROWS.read_text(), "and brings the kernels up to date"
 
 
+def test_a_tree_patched_before_the_huge_pages_gets_them(tmp_path):
+    mmq, ggml_c = write_tree(tmp_path)
+    patch_source(tmp_path)
+    ggml_c.write_text(GGML_C_TEXT)  # as an older specgraft left it
+    mmq_text = mmq.read_text()
+    assert patch_source(tmp_path) is True
+    assert "specgraft_advise_huge_pages(aligned_memory, size)" in ggml_c.read_text() and mmq.read_text() == mmq_text
+
+
 def test_patch_source_refuses_another_llamacpp(tmp_path):
-    mmq = tmp_path / MMQ
-    mmq.parent.mkdir(parents=True)
-    mmq.write_text(MMQ_TEXT.replace("    if (M == 1) {", "    if (M < 2) {"))
+    mmq, ggml_c = write_tree(tmp_path, mmq_text=MMQ_TEXT.replace("    if (M == 1) {", "    if (M < 2) {"))
     with pytest.raises(ValueError, match="expected one"):
         patch_source(tmp_path)
     assert "specgraft" not in mmq.read_text() and not (mmq.parent / AMX_ROWS.name).exists(), "nothing half-done"
+    assert "specgraft" not in ggml_c.read_text() and not (ggml_c.parent / HUGE_PAGES.name).exists(), "not even in the other file"
+    mmq, ggml_c = write_tree(tmp_path / "older", ggml_c_text=GGML_C_TEXT.replace("    return aligned_memory;\n", "    return p;\n"))
+    with pytest.raises(ValueError, match="ggml.c: expected one"):
+        patch_source(tmp_path / "older")
+    assert "specgraft" not in mmq.read_text() and not (mmq.parent / AMX_ROWS.name).exists(), "nothing half-done"
     with pytest.raises(ValueError, match="not a llama.cpp source tree"):
         patch_source(tmp_path / "elsewhere")
+
+
+# allocates as ggml does (posix_memalign), advises as the patched ggml.c does, and prints whether
+# the kernel marked the buffer's mapping for huge pages ("hg" among the VmFlags of /proc/self/smaps)
+ADVISE_PROGRAM = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+#include "llamacpp_huge_pages.inc"
+
+static int huge_page_flag(void * p) {
+    FILE * f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    uintptr_t lo = 0, hi = 0, a = (uintptr_t) p;
+    int inside = 0, flag = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            inside = lo <= a && a < hi;
+        } else if (inside && strncmp(line, "VmFlags:", 8) == 0) {
+            flag = strstr(line, " hg") != NULL;
+        }
+    }
+    fclose(f);
+    return flag;
+}
+
+int main(int argc, char ** argv) {
+    size_t size = (size_t) atol(argv[1]) << 20;
+    void * p = NULL;
+    if (posix_memalign(&p, 64, size) != 0) return 3;
+    specgraft_advise_huge_pages(p, size);
+    printf("%d\n", huge_page_flag((char *) p + size / 2));
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc")
+def test_the_huge_page_advice_marks_large_buffers_only(tmp_path):
+    """Compiled as ggml.c is (C, -O2), the advice marks a 64 MiB buffer's pages for huge pages,
+    and leaves a 1 MiB one (below the 32 MiB floor) and any buffer under ``SPECGRAFT_HUGE_PAGES=0``
+    alone."""
+    source, binary = tmp_path / "advise.c", tmp_path / "advise"
+    source.write_text(ADVISE_PROGRAM)
+    subprocess.run(["gcc", "-O2", f"-I{HUGE_PAGES.parent}", str(source), "-o", str(binary)], check=True)
+
+    def flag(megabytes, **env):
+        run = subprocess.run([str(binary), str(megabytes)], capture_output=True, text=True, env={**os.environ, "SPECGRAFT_HUGE_PAGES": "1", **env}, check=True)
+        return int(run.stdout)
+
+    if not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+        pytest.skip("this kernel has no transparent huge pages")
+    assert flag(64) == 1
+    assert flag(1) == 0
+    assert flag(64, SPECGRAFT_HUGE_PAGES="0") == 0
 
 
 def test_install_builds_the_release_the_extra_pins():
