@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 from specgraft.bench.contract import MethodRun
 from specgraft.models.hugepages import advise_huge_pages
-from specgraft.models.llamacpp import import_llama_cpp
+from specgraft.models.llamacpp_lib import import_llama_cpp
 
 #: The plain llama.cpp peer: every llama.cpp peer's own plain decoding and exactness reference.
 LLAMACPP_BASELINE = "llamacpp"
@@ -144,9 +144,6 @@ class LlamaCppPeer:
         if not eos_token_ids:
             raise ValueError("peers need at least one EOS token id")
         llama_cpp = import_llama_cpp()
-        from llama_cpp._logger import set_verbose
-
-        set_verbose(False)  # llama.cpp's loading chatter on stderr
         self.name = name
         self.gguf = Path(gguf)
         self.eos_token_ids = sorted(int(t) for t in eos_token_ids)

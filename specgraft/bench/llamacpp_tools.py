@@ -69,7 +69,7 @@ from typing import Any, Sequence
 from specgraft.bench.contract import MethodRun, until_eos
 from specgraft.bench.llamacpp_peers import LLAMACPP_TOOL_PEERS, PEER_N_CTX, peer_threads
 from specgraft.models.hugepages import program_env
-from specgraft.models.llamacpp import import_llama_cpp
+from specgraft.models.llamacpp_lib import import_llama_cpp
 
 #: Environment variable naming the folder of llama.cpp's programs (``--llamacpp-tools`` wins).
 TOOLS_ENV = "SPECGRAFT_LLAMACPP_TOOLS"
@@ -110,9 +110,6 @@ class LlamaVocab:
 
     def __init__(self, gguf: str | os.PathLike[str]):
         llama = import_llama_cpp()
-        from llama_cpp._logger import set_verbose
-
-        set_verbose(False)
         self._llama = llama
         llama.llama_backend_init()
         params = llama.llama_model_default_params()

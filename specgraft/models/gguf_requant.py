@@ -38,6 +38,7 @@ from pathlib import Path
 
 from specgraft.models.catalog import cache_root
 from specgraft.models.gguf_header import gguf_value
+from specgraft.models.llamacpp_lib import import_llama_cpp
 
 #: ``--draft-quant`` values the llama.cpp backend takes.
 GGUF_DRAFT_QUANTS = ("auto", "none", "q4_0", "q8_0")
@@ -90,10 +91,7 @@ def requantized_gguf(source: Path, quant: str, cache_dir: str | os.PathLike[str]
     out = folder / f"{source.stem}.{quant}-{key}.gguf"
     if out.is_file():
         return out
-    import llama_cpp as llama  # installed: the llama.cpp backend has loaded the target
-    from llama_cpp._logger import set_verbose
-
-    set_verbose(False)  # llama.cpp logs a line per tensor
+    llama = import_llama_cpp()  # llama.cpp logs a line per tensor: errors only
     if progress:
         print(f"requantizing draft model {source.name} to {quant.upper()} for llama.cpp's faster kernels (once) ...", file=sys.stderr, flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,8 @@ position order, one sequence or a batch of them. Strict mode costs a padded forw
 step and cells for every row verified while slots are alive; it is for checking, not for speed.
 
 Install: ``python -m specgraft.models.llamacpp_build --install`` builds llama-cpp-python 0.3.36's
-llama.cpp from source for this CPU (flags, the GCC fix and the small-batch AMX kernels there).
+llama.cpp from source for this CPU (flags, the GCC fix, the small-batch AMX kernels and the
+huge-page advice there).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -64,7 +65,7 @@ import torch
 from specgraft.models.backends import gguf_path
 from specgraft.models.gguf_requant import draft_gguf
 from specgraft.models.hugepages import HugePageReport, advise_huge_pages
-from specgraft.models.llamacpp_build import LLAMA_CPP_PYTHON
+from specgraft.models.llamacpp_lib import import_llama_cpp
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
 
 #: Strict mode's batch shape: ``(minimum rows, multiple, maximum rows)``. Measured with the
@@ -84,18 +85,6 @@ TOPK_PREFILL_ROWS = 64
 #: Sequence ids a context offers (llama.cpp's ``LLAMA_MAX_SEQ``): slots, their pending
 #: branches, strict mode's garbage and padding sequences share them.
 MAX_SEQUENCES = 256
-
-
-def import_llama_cpp() -> Any:
-    """The ``llama_cpp`` module, or an ``ImportError`` saying how to install it in one line."""
-    try:
-        import llama_cpp
-    except ImportError as e:
-        raise ImportError(
-            f"the llama.cpp backend needs {LLAMA_CPP_PYTHON}: python -m specgraft.models.llamacpp_build --install "
-            "(builds it for this CPU) and pip install -e \".[llamacpp]\""
-        ) from e
-    return llama_cpp
 
 
 def strict_rows(n: int, shape: tuple[int, int, int] = STRICT_ROWS) -> int:
@@ -182,9 +171,6 @@ class LlamaCppTarget:
         huge_pages: bool = True,
     ):
         llama = import_llama_cpp()
-        from llama_cpp._logger import set_verbose
-
-        set_verbose(False)  # llama.cpp's loading chatter on stderr, not errors
         path = Path(path).expanduser()
         if not path.is_file():
             raise ValueError(f"no GGUF file at {str(path)!r}")

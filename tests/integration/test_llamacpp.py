@@ -9,7 +9,10 @@ strict mode relies on (``test_catalog_gguf_row_classes``) and the strict equalit
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +48,23 @@ def ggufs(tmp_path_factory):
 
 def target_of(ggufs, kind: str = "f32", strict: bool = False) -> LlamaCppTarget:
     return LlamaCppTarget(ggufs[kind], threads=1, strict=strict)
+
+
+def test_loading_prints_only_what_the_log_level_asks(ggufs):
+    """llama.cpp's loading chatter stays off stderr unless ``SPECGRAFT_LLAMACPP_LOG`` asks for
+    it (llama-cpp-python's own filter reads ggml's levels off by one: ``llamacpp_lib.py``)."""
+    code = f"from specgraft.models.llamacpp import LlamaCppTarget; LlamaCppTarget({str(ggufs['f32'])!r}, threads=1)"
+
+    def stderr(level: str | None) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "SPECGRAFT_LLAMACPP_LOG"}
+        if level is not None:
+            env["SPECGRAFT_LLAMACPP_LOG"] = level
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+        assert run.returncode == 0, run.stderr
+        return run.stderr
+
+    assert stderr(None) == ""
+    assert "llama_model_loader: loaded meta data" in stderr("info")
 
 
 def chain_logits(target: LlamaCppTarget, prefix: list[int], path: list[int]) -> torch.Tensor:
