@@ -164,7 +164,7 @@ class LlamaCppPeer:
         )
         # the same memory as our backend's target (specgraft.models.hugepages): speed differences
         # between them are the methods', not the page size's
-        advise_huge_pages()
+        advise_huge_pages(heap=False)
 
     def run(self, ids: Sequence[int], max_new_tokens: int | None = None) -> MethodRun:
         n = max_new_tokens or self.max_new_tokens

@@ -121,6 +121,8 @@ class Mapping:
     length: int
     resident: int | None = None
     huge: int | None = None
+    heap: bool = False
+    """Whether it is the ``brk`` heap (``[heap]``)."""
 
     @property
     def needs_collapse(self) -> bool:
@@ -149,6 +151,8 @@ def large_anonymous_mappings(smaps: str, min_bytes: int = MIN_BYTES) -> list[Map
     ... 7ffd00000000-7ffd04000000 rw-p 00000000 00:00 0   [stack]'''
     >>> [(hex(m.start), m.length >> 20, m.resident >> 20, m.huge >> 20, m.needs_collapse) for m in large_anonymous_mappings(smaps)]
     [('0x7f0000000000', 1024, 512, 508, True), ('0x55d000000000', 64, 64, 0, True)]
+    >>> [m.heap for m in large_anonymous_mappings(smaps)]
+    [False, True]
     >>> edges = Mapping(start=(1 << 30) + (1 << 20), length=148 << 20, resident=148 << 20, huge=146 << 20)
     >>> edges.needs_collapse  # 1 MiB before the first 2 MiB boundary, 1 MiB after the last
     False
@@ -166,7 +170,7 @@ def large_anonymous_mappings(smaps: str, min_bytes: int = MIN_BYTES) -> list[Map
                 continue
             start, end = (int(x, 16) for x in fields[0].split("-"))
             if end - start >= min_bytes:
-                out.append(Mapping(start, end - start))
+                out.append(Mapping(start, end - start, heap=name == "[heap]"))
                 inside = True
         elif inside and len(fields) >= 2 and fields[0] in _SMAPS_FIELDS:
             out[-1] = replace(out[-1], **{_SMAPS_FIELDS[fields[0]]: int(fields[1]) * 1024})
@@ -189,13 +193,18 @@ def _madvise():
     return fn
 
 
-def advise_huge_pages(min_bytes: int = MIN_BYTES) -> HugePageReport:
+def advise_huge_pages(min_bytes: int = MIN_BYTES, heap: bool = True) -> HugePageReport:
     """Ask for huge pages under every large anonymous mapping of this process and collapse them
-    now (module docstring). Call it after a model's buffers are allocated and filled."""
+    now (module docstring). Call it after a model's buffers are allocated and filled.
+
+    ``heap=False`` leaves the ``brk`` heap alone: glibc serves allocations under its mmap
+    threshold (at most 32 MiB) from there, so a model whose weights are a few large buffers of
+    their own (llama.cpp's) has only the interpreter's and the tokenizer's objects on the heap, and
+    collapsing those costs ~0.5-1 s for nothing a decoding step reads."""
     if not enabled():
         return HugePageReport(note="off" if os.environ.get(ENV) == "0" else f"not available (THP {thp_mode() or 'unknown'})")
     try:
-        mappings = large_anonymous_mappings(Path("/proc/self/smaps").read_text(), min_bytes)
+        mappings = [m for m in large_anonymous_mappings(Path("/proc/self/smaps").read_text(), min_bytes) if heap or not m.heap]
         madvise = _madvise()
     except (OSError, AttributeError) as e:
         return HugePageReport(note=f"not available ({e})")

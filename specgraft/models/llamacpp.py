@@ -234,8 +234,9 @@ class LlamaCppTarget:
         self._garbage = self._free_seqs.pop() if strict else None
         self._slots: dict[int, _Slot] = {}
         # the weights and the KV cache in 2 MiB pages: one-row decoding ~25% faster on a VM
-        # (specgraft.models.hugepages; SPECGRAFT_HUGE_PAGES=0 turns it off)
-        self.huge_pages = advise_huge_pages() if huge_pages else HugePageReport(note="off")
+        # (specgraft.models.hugepages; SPECGRAFT_HUGE_PAGES=0 turns it off); not the heap, where
+        # llama.cpp keeps none of them
+        self.huge_pages = advise_huge_pages(heap=False) if huge_pages else HugePageReport(note="off")
 
     def close(self) -> None:
         """Free the context and the model (also done when the object is collected)."""
