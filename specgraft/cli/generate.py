@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import typer
 
@@ -15,6 +15,9 @@ from specgraft.cli.options import (
     row_cost_value, set_threads,
 )
 from specgraft.methods import METHODS, MethodOptions, default_method, derived_budget, get_method, method_names
+
+if TYPE_CHECKING:
+    from specgraft.types import GenerationStats
 
 
 DEMO_PROMPT = (
@@ -29,16 +32,6 @@ DEMO_PROMPT = (
     "```\n\n"
     "Repeat the function exactly, then add a docstring to it."
 )
-
-
-
-
-
-
-
-
-
-
 
 
 def agreement_note(fraction: float, dtype: str, backend: str = "hf", strict: bool = False) -> Optional[str]:
@@ -71,8 +64,19 @@ def agreement_note(fraction: float, dtype: str, backend: str = "hf", strict: boo
     )
 
 
+def step_time_shares(stats: GenerationStats) -> str:
+    """Where the decoding steps' time went: the target's forwards, drafting (a draft model's
+    forwards, lookups) and the rest (verification rule, commit, budget policy).
 
-
+    >>> from specgraft.types import GenerationStats
+    >>> step_time_shares(GenerationStats(method="draft-tree", forward_s=6.2, draft_s=3.6, verify_s=0.1, commit_s=0.1))
+    'step time 62% target forwards, 36% drafting, 2% other'
+    """
+    steps_s = stats.forward_s + stats.overhead_s
+    if steps_s <= 0:
+        return "no decoding step"
+    other = stats.overhead_s - stats.draft_s
+    return f"step time {100 * stats.forward_s / steps_s:.0f}% target forwards, {100 * stats.draft_s / steps_s:.0f}% drafting, {100 * other / steps_s:.0f}% other"
 
 
 def run_generate(
@@ -177,7 +181,7 @@ def run_generate(
         resolved = summary["config"]
         line = (
             f"[{method}] budget {used} nodes{origin}, {stats.new_tokens} tokens in {stats.steps} steps, "
-            f"MAT {stats.mat:.2f} (bonus token included), {stats.tokens_per_s:.2f} tok/s, overhead {100 * stats.overhead_fraction:.1f}% of step time, "
+            f"MAT {stats.mat:.2f} (bonus token included), {stats.tokens_per_s:.2f} tok/s, {step_time_shares(stats)}, "
             f"threads {resolved['threads']}, {resolved['device']}, {resolved['dtype']}"
             + (f" on llama.cpp{' (strict)' if strict else ''}" if backend == "llamacpp" else "")
             + f", {prompt_format(chat)}"
@@ -196,24 +200,6 @@ def run_generate(
             if note is not None:
                 err.print(note, soft_wrap=True)
     return summary
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def generate(
@@ -273,8 +259,6 @@ def generate(
         dtype=dtype, budget=budget, chat=chat, compare=compare, as_json=as_json, stop=stop, options=options,
         threads=threads, device=device, backend=backend, strict=strict,
     )
-
-
 
 
 #: The demo's dtype: the one where every method's output equals plain decoding token for token,
