@@ -5,9 +5,10 @@ pages, and the TLB misses cost more under a hypervisor, where each miss walks tw
 With 2 MiB pages there are 500 of them. Linux in THP ``madvise`` mode (a common default) gives
 huge pages only to the regions a process asks for, and llama.cpp and torch allocate their
 buffers with ``malloc`` and do not ask. :func:`advise_huge_pages` asks for them: for every
-anonymous, writable mapping of at least ``min_bytes`` in ``/proc/self/maps`` it calls
-``madvise(MADV_HUGEPAGE)``, then ``madvise(MADV_COLLAPSE)`` (Linux 6.1+), which moves the pages
-into huge pages now instead of leaving that to ``khugepaged``. Nothing changes numerically:
+anonymous, writable mapping of at least ``min_bytes`` in ``/proc/self/smaps`` it calls
+``madvise(MADV_HUGEPAGE)``, then, where the mapping holds resident 4 KiB pages,
+``madvise(MADV_COLLAPSE)`` (Linux 6.1+), which moves them into huge pages now instead of leaving
+that to ``khugepaged``. Nothing changes numerically:
 only the page size under the same bytes. The collapse copies every page (2-4 s for a 1 GB model
 on two cores); a llama.cpp built by ``python -m specgraft.models.llamacpp_build --install`` asks
 for huge pages when it allocates its buffers (``llamacpp_huge_pages.inc``), so their pages are
@@ -126,9 +127,9 @@ class Mapping:
 
     @property
     def needs_collapse(self) -> bool:
-        """Whether resident 4 KiB pages would fill a huge page: none where the memory is untouched
-        (its first touch takes huge pages once advised) or already huge (a llama.cpp that asked for
-        them when it allocated: ``llamacpp_huge_pages.inc``)."""
+        """Whether the mapping holds more memory in 4 KiB pages than its unaligned edges can: not
+        where the memory is untouched (its first touch takes huge pages once advised) or already
+        huge (a llama.cpp that asked for them when it allocated: ``llamacpp_huge_pages.inc``)."""
         if self.resident is None or self.huge is None:
             return True
         # the parts before the first and after the last 2 MiB boundary cannot be huge pages
