@@ -8,11 +8,11 @@ buffers with ``malloc`` and do not ask. :func:`advise_huge_pages` asks for them:
 anonymous, writable mapping of at least ``min_bytes`` in ``/proc/self/smaps`` it calls
 ``madvise(MADV_HUGEPAGE)``, then, where the mapping holds resident 4 KiB pages,
 ``madvise(MADV_COLLAPSE)`` (Linux 6.1+), which moves them into huge pages now instead of leaving
-that to ``khugepaged``. Nothing changes numerically:
-only the page size under the same bytes. The collapse copies every page (2-4 s for a 1 GB model
-on two cores); a llama.cpp built by ``python -m specgraft.models.llamacpp_build --install`` asks
-for huge pages when it allocates its buffers (``llamacpp_huge_pages.inc``), so their pages are
-huge from the start and the collapse has nothing left to do.
+that to ``khugepaged``. Nothing changes numerically: only the page size under the same bytes.
+The collapse copies every page (2-4 s for a 1 GB model on two cores); a llama.cpp built by
+``python -m specgraft.models.llamacpp_build --install`` asks for huge pages when it allocates its
+buffers (``llamacpp_huge_pages.inc``), so their pages are huge from the start and the collapse
+finds little left to do (0.2-0.5 s for the 1.5B Q4_K_M).
 
 Measured (a 2-core VM, THP ``madvise``, llama.cpp, Qwen2.5-Coder-1.5B Q4_K_M, 128 one-row
 steps): 13.1-13.4 tokens/s with 4 KiB pages, 16.7-17.2 tokens/s with the weights in huge pages
@@ -26,6 +26,7 @@ kernel without ``MADV_COLLAPSE`` it does what it can and reports it; it never ra
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -35,6 +36,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Iterator
 
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
@@ -72,6 +74,30 @@ def enabled() -> bool:
     if not sys.platform.startswith("linux") or os.environ.get(ENV, "1") == "0":
         return False
     return thp_mode() not in ("never", None)
+
+
+@contextlib.contextmanager
+def huge_pages_asked(on: bool) -> Iterator[None]:
+    """Within the block, a llama.cpp built by :mod:`specgraft.models.llamacpp_build` asks for
+    huge pages as it allocates (``llamacpp_huge_pages.inc`` reads ``SPECGRAFT_HUGE_PAGES`` at
+    each allocation) only if ``on``; with ``on`` the environment is left as it is.
+
+    >>> with huge_pages_asked(False):
+    ...     os.environ[ENV]
+    '0'
+    """
+    if on:
+        yield
+        return
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
 
 
 def program_env(env: dict[str, str] | None = None, on: bool | None = None) -> dict[str, str]:
@@ -201,7 +227,8 @@ def advise_huge_pages(min_bytes: int = MIN_BYTES, heap: bool = True) -> HugePage
     ``heap=False`` leaves the ``brk`` heap alone: glibc serves allocations under its mmap
     threshold (at most 32 MiB) from there, so a model whose weights are a few large buffers of
     their own (llama.cpp's) has only the interpreter's and the tokenizer's objects on the heap, and
-    collapsing those costs ~0.5-1 s for nothing a decoding step reads."""
+    collapsing those costs ~0.5-1 s for nothing a decoding step reads. (The arenas glibc gives
+    other threads are anonymous mappings too, and are advised like any other.)"""
     if not enabled():
         return HugePageReport(note="off" if os.environ.get(ENV) == "0" else f"not available (THP {thp_mode() or 'unknown'})")
     try:

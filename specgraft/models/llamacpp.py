@@ -64,7 +64,7 @@ import torch
 
 from specgraft.models.backends import gguf_path
 from specgraft.models.gguf_requant import draft_gguf
-from specgraft.models.hugepages import HugePageReport, advise_huge_pages
+from specgraft.models.hugepages import HugePageReport, advise_huge_pages, huge_pages_asked
 from specgraft.models.llamacpp_lib import import_llama_cpp
 from specgraft.types import DraftTree, PrefillOutput, PrefillRequest, RowsOutput
 
@@ -138,7 +138,9 @@ class LlamaCppTarget:
 
     ``path``: the ``.gguf`` file. ``threads`` (default: the CPU count) reach llama.cpp's decode
     and batch threads. ``n_ctx``: KV cells shared by every slot and its pending rows (default
-    8192, at most the model's training context). ``strict``: module docstring.
+    8192, at most the model's training context). ``strict``: module docstring. ``huge_pages``:
+    the weights and KV cache in 2 MiB pages (:mod:`specgraft.models.hugepages`); False keeps
+    4 KiB pages, as ``SPECGRAFT_HUGE_PAGES=0`` does for every model.
 
     Example::
 
@@ -189,7 +191,8 @@ class LlamaCppTarget:
         # otherwise stay resident in the mapping beside their repacked copy (1.5B Q4_K_M on an AMX
         # build: 1.92 against 1.18 GB); decoding is as fast either way
         params.load_mode = llama.LLAMA_LOAD_MODE_NONE
-        self._model = llama.llama_model_load_from_file(str(path).encode(), params)
+        with huge_pages_asked(huge_pages):  # a build from llamacpp_build asks as it allocates
+            self._model = llama.llama_model_load_from_file(str(path).encode(), params)
         if not self._model:
             raise ValueError(f"llama.cpp could not load {str(path)!r} as a GGUF model")
         self._vocab = llama.llama_model_get_vocab(self._model)
@@ -215,7 +218,8 @@ class LlamaCppTarget:
         # (1.5B Q4_K_M, 2 threads: a 299-token prefill 2.8 s against 3.0 s, 128 one-row steps
         # 12.5 against 12.0 tokens/s; benchmarks/experiments/llamacpp/NOTES.md)
         ctx_params.flash_attn_type = 1
-        self._ctx = llama.llama_init_from_model(self._model, ctx_params)
+        with huge_pages_asked(huge_pages):
+            self._ctx = llama.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             llama.llama_model_free(self._model)
             raise ValueError(f"llama.cpp could not make a context of {n_ctx} cells for {str(path)!r}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any
 
 from specgraft.models.llamacpp_build import LLAMA_CPP_PYTHON
@@ -52,8 +53,9 @@ class LogFilter:
             print(text.decode("utf-8", "replace"), end="", file=sys.stderr, flush=True)
 
 
-#: The ctypes callback llama.cpp holds (kept here so that it is never collected).
+#: The ctypes callback llama.cpp holds (kept here so that it is never collected), made once.
 _callback: Any = None
+_callback_lock = threading.Lock()
 
 
 def import_llama_cpp() -> Any:
@@ -67,7 +69,8 @@ def import_llama_cpp() -> Any:
             f"the llama.cpp backend needs {LLAMA_CPP_PYTHON}: python -m specgraft.models.llamacpp_build --install "
             "(builds it for this CPU) and pip install -e \".[llamacpp]\""
         ) from e
-    if _callback is None:
-        _callback = llama_cpp.llama_log_callback(LogFilter(os.environ.get(LOG_ENV, "error").lower()))
-    llama_cpp.llama_log_set(_callback, None)
+    with _callback_lock:
+        if _callback is None:
+            _callback = llama_cpp.llama_log_callback(LogFilter(os.environ.get(LOG_ENV, "error").lower()))
+        llama_cpp.llama_log_set(_callback, None)
     return llama_cpp

@@ -67,6 +67,20 @@ def test_loading_prints_only_what_the_log_level_asks(ggufs):
     assert "llama_model_loader: loaded meta data" in stderr("info")
 
 
+def test_llamacpp_errors_reach_stderr(tmp_path):
+    """What llama.cpp logs as an error is printed (llama-cpp-python's filter dropped it)."""
+    bad = tmp_path / "not-a-model.gguf"
+    bad.write_bytes(b"NOT A GGUF" * 100)
+    code = (
+        "from specgraft.models.llamacpp import LlamaCppTarget\n"
+        f"try:\n    LlamaCppTarget({str(bad)!r}, threads=1)\nexcept ValueError as e:\n    print(e)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "SPECGRAFT_LLAMACPP_LOG"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert "could not load" in run.stdout
+    assert "invalid magic characters" in run.stderr, run.stderr
+
+
 def chain_logits(target: LlamaCppTarget, prefix: list[int], path: list[int]) -> torch.Tensor:
     """Logits of ``path`` fed as a chain after ``prefix`` in a fresh slot."""
     slot = target.allocate()

@@ -177,6 +177,7 @@ static int huge_page_flag(void * p) {
 }
 
 int main(int argc, char ** argv) {
+    if (argc != 2) return 4;
     size_t size = (size_t) atol(argv[1]) << 20;
     void * p = NULL;
     if (posix_memalign(&p, 64, size) != 0) return 3;
@@ -194,12 +195,14 @@ int main(int argc, char ** argv) {
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("gcc") is None, reason="needs Linux and gcc")
 def test_the_huge_page_advice_marks_large_buffers_only(tmp_path):
-    """Compiled as ggml.c is (C, -O2), the advice marks a 64 MiB buffer's pages for huge pages,
+    """Compiled as ggml.c is (C11, ggml's feature macros), the advice marks a 64 MiB buffer's pages for huge pages,
     and leaves a 1 MiB one (below the 32 MiB floor) and any buffer under ``SPECGRAFT_HUGE_PAGES=0``
     alone."""
     source, binary = tmp_path / "advise.c", tmp_path / "advise"
     source.write_text(ADVISE_PROGRAM)
-    subprocess.run(["gcc", "-O2", f"-I{HUGE_PAGES.parent}", str(source), "-o", str(binary)], check=True)
+    # ggml's C flags on Linux (its CMake), warnings as errors
+    flags = ["-O2", "-std=c11", "-D_XOPEN_SOURCE=600", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror"]
+    subprocess.run(["gcc", *flags, f"-I{HUGE_PAGES.parent}", str(source), "-o", str(binary)], check=True)
 
     def flag(megabytes, **env):
         run = subprocess.run([str(binary), str(megabytes)], capture_output=True, text=True, env={**os.environ, "SPECGRAFT_HUGE_PAGES": "1", **env}, check=True)
