@@ -8,9 +8,10 @@ sequences. Each :meth:`BatchEngine.step`:
 2. admits waiting requests while there is room: each is prefilled alone (its own forward) and
    then decodes with the others (one request into an empty batch that nothing else joins this
    step, none waiting or ``max_batch`` 1, starts as ``SpecEngine.start`` starts a single
-   generation: its prompt fed in its first step's forward, where its drafters allow); one expected to decode plainly (the policy's
-   ``speculating``), or whose remaining tokens cannot repay its drafters' optional prefill
-   work (``prefill_pays``: Token Recycling's prompt top-k), skips that work;
+   generation: its prompt fed in its first step's forward, where its drafters allow); one
+   expected to decode plainly (the policy's ``speculating``), or whose remaining tokens cannot
+   repay its drafters' optional prefill work (``prefill_pays``: Token Recycling's prompt
+   top-k), skips that work;
 3. runs one speculative step for every running sequence with one target forward
    (``SpecEngine.step_batch``: trees padded to one shape, per-sequence positions and masks,
    a draft model drafting for all of them in one forward per layer), each tree capped by the
